@@ -1,0 +1,524 @@
+"""M4 / P2: the KAN spline gate — cubic B-spline basis + residual, per feature.
+
+Math (per feature f, for a pre-activation x):
+
+    h      = (grid_max - grid_min) / 5                     (5 uniform grid intervals)
+    knots  t_m = grid_min + (m - 3)·h,  m = 0 … 11         (3 extended knots on each side)
+    B_k    = the cubic B-spline on knots t_k … t_{k+4},  k = 0 … 7
+    gate(x) = Σ_k c[f, k]·B_k(clamp(x, grid_min, grid_max)) + w_res[f]·(sigmoid(x) − 1/2)
+
+Normalisation: the B_k are the standard (Cox–de Boor) B-splines, which form a partition of
+unity on [grid_min, grid_max]: Σ_k B_k(x) = 1 there. So c[f, k] = 1/2 for all k with
+w_res[f] = 0 gives a gate that is exactly 0.5 everywhere (inside the grid by partition of unity,
+outside it because the pre-activation is clamped). The seed's coefficient 0.125 corresponds to
+bases that sum to 4; ours sum to 1, hence 0.5.
+
+Closed form. With the local coordinate u = (clamp(x) − grid_min)/h ∈ [0, 5], the interval
+i = min(⌊u⌋, 4) and t = u − i ∈ [0, 1], only B_i … B_{i+3} are non-zero:
+
+    B_i     = (1 − t)³ / 6
+    B_{i+1} = (3t³ − 6t² + 4) / 6
+    B_{i+2} = (−3t³ + 3t² + 3t + 1) / 6
+    B_{i+3} = t³ / 6
+
+so the gate needs four coefficients per element and no [B, F, 8] intermediate. It is evaluated
+in the equivalent difference form
+
+    Σ_j c_{i+j} B_{i+j} = c_i + Σ_{j=1..3} (c_{i+j} − c_{i+j−1})·T_j,   T_j = Σ_{m≥j} B_{i+m}
+    T_1 = 1 − (1 − t)³/6,   T_2 = (−2t³ + 3t² + 3t + 1)/6,   T_3 = t³/6
+
+which uses partition of unity analytically, so equal coefficients give exactly c (0.5 at init,
+bit for bit in float32) instead of 0.5·(rounded sum of four weights).
+
+Residual r(x) = sigmoid(x) − 1/2. Why this one: (i) with c = 1/2 and w_res = 1 the gate is
+exactly sigmoid(x), the GLU gate M4 replaces, so the KAN gate strictly contains it; (ii) r is
+not clamped, so pre-activations outside the grid — where the spline part is flat — still get a
+gradient; (iii) r(0) = 0 and r is bounded, so the residual cannot blow the gate up; (iv)
+w_res = 0 removes it, leaving the flat 0.5 gate at initialisation.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from pallas_kernels import _backend
+
+NUM_BASES = 8
+NUM_INTERVALS = NUM_BASES - 3  # cubic: bases = intervals + degree
+
+__all__ = [
+    "NUM_BASES",
+    "NUM_INTERVALS",
+    "KanBlocks",
+    "kan_gate",
+    "kan_gate_bwd_pallas",
+    "kan_gate_fwd_pallas",
+    "kan_gate_init",
+    "kan_gate_reference",
+    "spline_weights",
+    "tail_weights",
+]
+
+
+def kan_gate_init(num_features: int) -> tuple[jax.Array, jax.Array]:
+    """The flat-gate initialisation: coeffs = 0.5 ([F, 8] float32), w_res = 0 ([F] float32).
+
+    With partition-of-unity bases (see the module docstring) this makes kan_gate(x) = 0.5 for
+    every x, inside or outside the grid.
+    """
+    coeffs = jnp.full((num_features, NUM_BASES), 0.5, dtype=jnp.float32)
+    w_res = jnp.zeros((num_features,), dtype=jnp.float32)
+    return coeffs, w_res
+
+
+def _clamp(x: jax.Array, lo: float, hi: float) -> jax.Array:
+    """clamp with d/dx = 1 on the closed grid [lo, hi] (jnp.clip gives 1/2 at the ends)."""
+    return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+
+
+def spline_weights(
+    x: jax.Array, grid_min: float, grid_max: float
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]:
+    """Interval index, the four non-zero basis values and the in-grid indicator at x.
+
+    Args:
+      x: pre-activations, any shape.
+      grid_min, grid_max: grid ends (python floats).
+
+    Returns:
+      (i, (w0, w1, w2, w3), inside): i int32 in [0, 4] (same shape as x) such that
+      B_{i+j}(clamp(x)) = w_j; inside is x in the closed grid (where d clamp/dx = 1).
+    """
+    h = (grid_max - grid_min) / NUM_INTERVALS
+    u = (_clamp(x, grid_min, grid_max) - grid_min) * (1.0 / h)
+    fi = jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
+    t = u - fi
+    s = 1.0 - t
+    t2 = t * t
+    t3 = t2 * t
+    sixth = 1.0 / 6.0
+    w0 = s * s * s * sixth
+    w1 = (3.0 * t3 - 6.0 * t2 + 4.0) * sixth
+    w2 = (-3.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth
+    w3 = t3 * sixth
+    inside = (x >= grid_min) & (x <= grid_max)
+    return fi.astype(jnp.int32), (w0, w1, w2, w3), inside
+
+
+def tail_weights(x: jax.Array, grid_min: float, grid_max: float) -> tuple[jax.Array, ...]:
+    """(i, T_1, T_2, T_3): interval index and the basis tail sums of the difference form."""
+    h = (grid_max - grid_min) / NUM_INTERVALS
+    u = (_clamp(x, grid_min, grid_max) - grid_min) * (1.0 / h)
+    fi = jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
+    t = u - fi
+    s = 1.0 - t
+    t2 = t * t
+    t3 = t2 * t
+    sixth = 1.0 / 6.0
+    tail1 = 1.0 - s * s * s * sixth
+    tail2 = (-2.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth
+    tail3 = t3 * sixth
+    return fi.astype(jnp.int32), tail1, tail2, tail3
+
+
+def _pick(i: jax.Array, coeffs: jax.Array, j: int) -> jax.Array:
+    """c[f, i + j] for every element, by a select chain over the 5 intervals ([B, F])."""
+    out = jnp.broadcast_to(coeffs[:, j], i.shape)
+    for m in range(1, NUM_INTERVALS):
+        out = jnp.where(i == m, coeffs[:, m + j], out)
+    return out
+
+
+def kan_gate_reference(
+    x: jax.Array,
+    coeffs: jax.Array,
+    w_res: jax.Array,
+    *,
+    grid_min: float = -3.0,
+    grid_max: float = 3.0,
+) -> jax.Array:
+    """Pure-jnp KAN gate (see the module docstring for the math), differentiable by autodiff.
+
+    Args:
+      x: pre-activations [B, F] (any leading shape [..., F] works).
+      coeffs: spline coefficients [F, 8].
+      w_res: residual weights [F].
+      grid_min, grid_max: grid ends; x is clamped to them for the spline part.
+
+    Returns:
+      gate [..., F], dtype of x.
+    """
+    if coeffs.ndim != 2 or coeffs.shape[1] != NUM_BASES:
+        raise ValueError(f"kan_gate: coeffs must be [F, {NUM_BASES}], got {coeffs.shape}")
+    if x.shape[-1] != coeffs.shape[0] or w_res.shape != (coeffs.shape[0],):
+        raise ValueError(
+            f"kan_gate: x [..., F], coeffs [F, 8], w_res [F] disagree: "
+            f"{x.shape}, {coeffs.shape}, {w_res.shape}"
+        )
+    i, tail1, tail2, tail3 = tail_weights(x, grid_min, grid_max)
+    coeffs = coeffs.astype(x.dtype)
+    c0, c1, c2, c3 = (_pick(i, coeffs, j) for j in range(4))
+    spline = c0 + (c1 - c0) * tail1 + (c2 - c1) * tail2 + (c3 - c2) * tail3
+    return spline + w_res.astype(x.dtype) * (jax.nn.sigmoid(x) - 0.5)
+
+
+# ----------------------------------------------------------------------------------------------
+# P2: Pallas Triton kernels. Tiles of [block_b, block_f] elements with masks on both edges, so
+# neither B nor F has to divide the block. Coefficients are passed transposed, [8, F], so each
+# c_m row is a contiguous load shared by all rows of the tile.
+
+
+class KanBlocks(tuple):
+    """Static tiling: (fwd_block_b, fwd_block_f, fwd_warps, bwd_block_b, bwd_block_f,
+    bwd_warps, bwd_programs). bwd_programs is the target number of programs of the backward
+    kernel; each loops over ⌈B / (block_b · row_programs)⌉ row tiles and writes one partial
+    coefficient gradient, so the batch reduction is a deterministic jnp sum of few partials."""
+
+    def __new__(
+        cls,
+        fwd_block_b=8,
+        fwd_block_f=512,
+        fwd_warps=4,
+        bwd_block_b=8,
+        bwd_block_f=128,
+        bwd_warps=4,
+        bwd_programs=1024,
+    ):
+        for v in (fwd_block_b, fwd_block_f, bwd_block_b, bwd_block_f):
+            if v & (v - 1) or v <= 0:
+                raise ValueError(f"kan_gate: block sizes must be powers of two, got {v}")
+        return super().__new__(
+            cls,
+            (
+                fwd_block_b,
+                fwd_block_f,
+                fwd_warps,
+                bwd_block_b,
+                bwd_block_f,
+                bwd_warps,
+                bwd_programs,
+            ),
+        )
+
+
+DEFAULT_BLOCKS = KanBlocks()
+
+
+def _tile(block_b, block_f, num_rows, num_cols, row_tile, col_tile):
+    rows = row_tile * block_b + jnp.arange(block_b, dtype=jnp.int32)
+    cols = col_tile * block_f + jnp.arange(block_f, dtype=jnp.int32)
+    col_ok = cols < num_cols
+    mask = (rows < num_rows)[:, None] & col_ok[None, :]
+    # Raw (unclamped) indices under the mask: clamping would hide from Triton that a tile row
+    # is contiguous, and the loads would no longer be vectorised.
+    return rows, cols, col_ok, mask, (rows[:, None], cols[None])
+
+
+def _local(x, grid_min, grid_max):
+    """Interval masks for i = 0 … 4, local coordinate t and the in-grid indicator."""
+    h = (grid_max - grid_min) / NUM_INTERVALS
+    u = (jnp.minimum(jnp.maximum(x, grid_min), grid_max) - grid_min) * (1.0 / h)
+    fi = jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
+    t = u - fi
+    at = [fi == m for m in range(NUM_INTERVALS)]
+    inside = (x >= grid_min) & (x <= grid_max)
+    return at, t, inside
+
+
+def _select(at, values, shift):
+    """values[i + shift] per element, values a list of [1, block_f] rows."""
+    out = values[shift]
+    for m in range(1, NUM_INTERVALS):
+        out = jnp.where(at[m], values[m + shift], out)
+    return out
+
+
+def _load_params(c_ref, w_ref, cols, col_ok):
+    c = [
+        pl_triton.load(c_ref.at[k, cols], mask=col_ok, other=0.0)[None, :] for k in range(NUM_BASES)
+    ]
+    w = pl_triton.load(w_ref.at[cols], mask=col_ok, other=0.0)[None, :]
+    d = [c[k + 1] - c[k] for k in range(NUM_BASES - 1)]  # difference form coefficients
+    return c, d, w
+
+
+def _kan_fwd_kernel(x_ref, c_ref, w_ref, *rest, block_b, block_f, grid_min, grid_max):
+    o_ref = rest[-1]
+    num_rows, num_cols = x_ref.shape
+    rows, cols, col_ok, mask, load_idx = _tile(
+        block_b, block_f, num_rows, num_cols, pl.program_id(0), pl.program_id(1)
+    )
+    c, d, w = _load_params(c_ref, w_ref, cols, col_ok)
+    x = pl_triton.load(x_ref.at[load_idx], mask=mask, other=0.0)
+    at, t, _ = _local(x, grid_min, grid_max)
+    s = 1.0 - t
+    t2 = t * t
+    t3 = t2 * t
+    sixth = 1.0 / 6.0
+    tail1 = 1.0 - s * s * s * sixth
+    tail2 = (-2.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth
+    tail3 = t3 * sixth
+    spline = (
+        _select(at, c, 0)
+        + _select(at, d, 0) * tail1
+        + _select(at, d, 1) * tail2
+        + _select(at, d, 2) * tail3
+    )
+    out = spline + w * (jax.nn.sigmoid(x) - 0.5)
+    pl_triton.store(o_ref.at[rows[:, None], cols[None]], out, mask=mask)
+
+
+def _kan_bwd_kernel(x_ref, g_ref, c_ref, w_ref, *rest, block_b, block_f, steps, grid_min, grid_max):
+    dx_ref, dc_ref, dw_ref = rest[-3:]
+    num_rows, num_cols = x_ref.shape
+    h = (grid_max - grid_min) / NUM_INTERVALS
+    pid_b = pl.program_id(0)  # program ids outside the loop: the interpreter needs that
+    pid_f = pl.program_id(1)
+    cols = pid_f * block_f + jnp.arange(block_f, dtype=jnp.int32)
+    col_ok = cols < num_cols
+    _, d, w = _load_params(c_ref, w_ref, cols, col_ok)
+    d = [dk * (1.0 / h) for dk in d]  # d spline / dx = Σ d_{i+j}·T_{j+1}'(t) / h
+
+    def body(step, accs):
+        rows, _, _, mask, load_idx = _tile(
+            block_b, block_f, num_rows, num_cols, pid_b * steps + step, pid_f
+        )
+        x = pl_triton.load(x_ref.at[load_idx], mask=mask, other=0.0)
+        g = pl_triton.load(g_ref.at[load_idx], mask=mask, other=0.0)
+        at, t, inside = _local(x, grid_min, grid_max)
+        s = 1.0 - t
+        t2 = t * t
+        sixth = 1.0 / 6.0
+        dspline = (
+            _select(at, d, 0) * (0.5 * s * s)
+            + _select(at, d, 1) * (0.5 + t - t2)
+            + _select(at, d, 2) * (0.5 * t2)
+        )
+        sig = jax.nn.sigmoid(x)
+        dx = g * (jnp.where(inside, dspline, 0.0) + w * (sig * (1.0 - sig)))
+        pl_triton.store(dx_ref.at[rows[:, None], cols[None]], dx, mask=mask)
+        # basis values B_{i+j} = w_j; B_k is w_{k−i} when 0 <= k − i <= 3
+        t3 = t2 * t
+        basis = (
+            s * s * s * sixth,
+            (3.0 * t3 - 6.0 * t2 + 4.0) * sixth,
+            (-3.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth,
+            t3 * sixth,
+        )
+        g = jnp.where(mask, g, 0.0)
+        new = []
+        for k in range(NUM_BASES):
+            bk = jnp.zeros_like(x)
+            for j in range(4):
+                if 0 <= k - j < NUM_INTERVALS:
+                    bk = jnp.where(at[k - j], basis[j], bk)
+            new.append(accs[k] + g * bk)
+        new.append(accs[NUM_BASES] + g * (sig - 0.5))
+        return tuple(new)
+
+    zeros = jnp.zeros((block_b, block_f), jnp.float32)
+    accs = lax.fori_loop(0, steps, body, (zeros,) * (NUM_BASES + 1))
+    for k in range(NUM_BASES):
+        pl_triton.store(dc_ref.at[pid_b, k, cols], jnp.sum(accs[k], axis=0), mask=col_ok)
+    pl_triton.store(dw_ref.at[pid_b, cols], jnp.sum(accs[NUM_BASES], axis=0), mask=col_ok)
+
+
+def kan_gate_fwd_pallas(
+    x,
+    coeffs_t,
+    w_res,
+    *,
+    grid_min=-3.0,
+    grid_max=3.0,
+    blocks=DEFAULT_BLOCKS,
+    interpret=False,
+    out=None,
+):
+    """Forward kernel on float32 x [B, F], coeffs_t [8, F] (transposed), w_res [F] -> [B, F].
+
+    `out` ([B, F] float32, optional) is aliased as the output buffer (poisoning in tests)."""
+    num_rows, num_cols = x.shape
+    bb, bf, warps = blocks[0], blocks[1], blocks[2]
+    kernel = functools.partial(
+        _kan_fwd_kernel, block_b=bb, block_f=bf, grid_min=float(grid_min), grid_max=float(grid_max)
+    )
+    args, aliases = [x, coeffs_t, w_res], {}
+    if out is not None:
+        args, aliases = [*args, out], {3: 0}
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((num_rows, num_cols), jnp.float32),
+        grid=(pl.cdiv(num_rows, bb), pl.cdiv(num_cols, bf)),
+        input_output_aliases=aliases,
+        compiler_params=_backend.compiler_params(warps),
+        interpret=interpret,
+        name="kan_gate_fwd",
+    )(*args)
+
+
+def _bwd_grid(num_rows, num_cols, blocks):
+    bb, bf, programs = blocks[3], blocks[4], blocks[6]
+    row_tiles = pl.cdiv(num_rows, bb)
+    col_tiles = pl.cdiv(num_cols, bf)
+    row_programs = max(1, min(row_tiles, programs // col_tiles))
+    steps = pl.cdiv(row_tiles, row_programs)
+    return pl.cdiv(row_tiles, steps), col_tiles, steps
+
+
+def kan_gate_bwd_pallas(
+    x,
+    g,
+    coeffs_t,
+    w_res,
+    *,
+    grid_min=-3.0,
+    grid_max=3.0,
+    blocks=DEFAULT_BLOCKS,
+    interpret=False,
+    out=None,
+):
+    """Backward kernel: (dx [B, F], dcoeffs [F, 8], dw_res [F]) for the cotangent g [B, F].
+
+    Coefficient gradients are reduced over the batch without atomics: each program sums its
+    rows into registers and writes one partial [8, block_f]; the partials are added by a jnp
+    sum in a fixed order, so the result is deterministic. `out` optionally aliases dx."""
+    num_rows, num_cols = x.shape
+    row_programs, col_tiles, steps = _bwd_grid(num_rows, num_cols, blocks)
+    kernel = functools.partial(
+        _kan_bwd_kernel,
+        block_b=blocks[3],
+        block_f=blocks[4],
+        steps=steps,
+        grid_min=float(grid_min),
+        grid_max=float(grid_max),
+    )
+    args, aliases = [x, g, coeffs_t, w_res], {}
+    if out is not None:
+        args, aliases = [*args, out], {4: 0}
+    dx, dc, dw = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((num_rows, num_cols), jnp.float32),
+            jax.ShapeDtypeStruct((row_programs, NUM_BASES, num_cols), jnp.float32),
+            jax.ShapeDtypeStruct((row_programs, num_cols), jnp.float32),
+        ),
+        grid=(row_programs, col_tiles),
+        input_output_aliases=aliases,
+        compiler_params=_backend.compiler_params(blocks[5]),
+        interpret=interpret,
+        name="kan_gate_bwd",
+    )(*args)
+    return dx, jnp.sum(dc, axis=0).T, jnp.sum(dw, axis=0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _kan(x, coeffs, w_res, grid_min, grid_max, interpret, blocks):
+    out = kan_gate_fwd_pallas(
+        x.astype(jnp.float32),
+        coeffs.T.astype(jnp.float32),
+        w_res.astype(jnp.float32),
+        grid_min=grid_min,
+        grid_max=grid_max,
+        blocks=blocks,
+        interpret=interpret,
+    )
+    return out.astype(x.dtype)
+
+
+def _kan_fwd(x, coeffs, w_res, grid_min, grid_max, interpret, blocks):
+    return _kan(x, coeffs, w_res, grid_min, grid_max, interpret, blocks), (x, coeffs, w_res)
+
+
+def _kan_bwd(grid_min, grid_max, interpret, blocks, res, g):
+    x, coeffs, w_res = res
+    dx, dc, dw = kan_gate_bwd_pallas(
+        x.astype(jnp.float32),
+        g.astype(jnp.float32),
+        coeffs.T.astype(jnp.float32),
+        w_res.astype(jnp.float32),
+        grid_min=grid_min,
+        grid_max=grid_max,
+        blocks=blocks,
+        interpret=interpret,
+    )
+    return dx.astype(x.dtype), dc.astype(coeffs.dtype), dw.astype(w_res.dtype)
+
+
+_kan.defvjp(_kan_fwd, _kan_bwd)
+
+
+def _build_probe(grid_min, grid_max, blocks):
+    def build():
+        rows, cols = 2 * blocks[0] + 3, blocks[1] + 5  # ragged in both directions
+        x = np.linspace(-4.0, 4.0, rows * cols, dtype=np.float32).reshape(rows, cols)
+        c = np.full((NUM_BASES, cols), 0.5, np.float32)
+        w = np.zeros((cols,), np.float32)
+        fwd = jax.jit(
+            functools.partial(
+                kan_gate_fwd_pallas, grid_min=grid_min, grid_max=grid_max, blocks=blocks
+            )
+        )
+        bwd = jax.jit(
+            functools.partial(
+                kan_gate_bwd_pallas, grid_min=grid_min, grid_max=grid_max, blocks=blocks
+            )
+        )
+        jax.block_until_ready((fwd(x, c, w), bwd(x, x, c, w)))
+
+    return build
+
+
+def kan_gate(
+    x: jax.Array,
+    coeffs: jax.Array,
+    w_res: jax.Array,
+    *,
+    grid_min: float = -3.0,
+    grid_max: float = 3.0,
+    backend: str = "auto",
+    blocks: KanBlocks = DEFAULT_BLOCKS,
+) -> jax.Array:
+    """KAN gate [..., F] -> [..., F]; math and arguments as `kan_gate_reference`, plus:
+
+    backend: "auto" (Pallas on GPU, reference elsewhere), "pallas", "interpret" (the Pallas
+    kernels under the interpreter, for CPU tests) or "reference". The Pallas paths compute in
+    float32 and are differentiable through a custom_vjp with a Pallas backward kernel
+    (gradients for x, coeffs and w_res). If the kernels cannot be built here, one warning and
+    the reference is used.
+    blocks: static tiling (`KanBlocks`), for tuning.
+    """
+    mode = _backend.resolve(backend, "kan_gate")
+    if mode == "pallas":
+        key = ("kan_gate", float(grid_min), float(grid_max), tuple(blocks))
+        if not _backend.kernel_available(key, _build_probe(grid_min, grid_max, blocks)):
+            mode = "reference"
+    if mode == "reference":
+        return kan_gate_reference(x, coeffs, w_res, grid_min=grid_min, grid_max=grid_max)
+    if (
+        coeffs.ndim != 2
+        or coeffs.shape[1] != NUM_BASES
+        or x.shape[-1] != coeffs.shape[0]
+        or w_res.shape != (coeffs.shape[0],)
+    ):
+        raise ValueError(
+            f"kan_gate: x [..., F], coeffs [F, 8], w_res [F] disagree: "
+            f"{x.shape}, {coeffs.shape}, {w_res.shape}"
+        )
+    shape = x.shape
+    out = _kan(
+        x.reshape(-1, shape[-1]),
+        coeffs,
+        w_res,
+        float(grid_min),
+        float(grid_max),
+        mode == "interpret",
+        KanBlocks(*blocks),
+    )
+    return out.reshape(shape)

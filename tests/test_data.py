@@ -1,0 +1,487 @@
+"""E2 data: loading, column mapping, validation errors, the synthetic market, splits."""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jaxdqn import data
+from jaxdqn.config import DataConfig, SyntheticConfig
+from jaxdqn.data import COLUMNS, DataError
+
+# Ten hand-written consistent daily bars (Mon 2020-01-06 .. Fri 2020-01-17).
+GOOD = """date,open,high,low,close,volume
+2020-01-06,10.0,11.0,9.5,10.5,1000
+2020-01-07,10.5,10.8,10.1,10.2,1100
+2020-01-08,10.2,10.6,9.9,10.4,900
+2020-01-09,10.4,10.9,10.3,10.8,0
+2020-01-10,10.8,11.2,10.7,11.0,1200
+2020-01-13,11.0,11.1,10.5,10.6,1000
+2020-01-14,10.6,10.7,10.2,10.3,950
+2020-01-15,10.3,10.5,10.0,10.1,1010
+2020-01-16,10.1,10.4,9.8,10.35,990
+2020-01-17,10.35,10.6,10.3,10.5,1005
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _replace_line(text: str, prefix: str, new: str) -> str:
+    lines = text.splitlines()
+    (i,) = [k for k, line in enumerate(lines) if line.startswith(prefix)]
+    lines[i] = new
+    return "\n".join(lines) + "\n"
+
+
+def _good_frame() -> pd.DataFrame:
+    import io
+
+    return pd.read_csv(io.StringIO(GOOD))
+
+
+def _raises(source, *fragments, column_map=None, fmt=None) -> str:
+    with pytest.raises(DataError) as info:
+        data.load_ohlcv(source, column_map, fmt=fmt)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for frag in fragments:
+        assert frag in msg, (frag, msg)
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# The bundled S&P 500
+# ---------------------------------------------------------------------------------------------
+
+
+def test_e2_sp500_bundled():
+    df = data.load_ohlcv("sp500")
+    assert len(df) == 5031
+    assert list(df.columns) == list(COLUMNS)
+    assert all(df[c].dtype == np.float64 for c in COLUMNS)
+    assert isinstance(df.index, pd.DatetimeIndex) and df.index.name == "date"
+    assert df.index.tz is None
+    assert df.index[0] == pd.Timestamp("1999-01-04")
+    assert df.index[-1] == pd.Timestamp("2018-12-31")
+    assert df.index.is_monotonic_increasing and df.index.is_unique
+    # First and last rows of the shipped file, read by eye.
+    np.testing.assert_allclose(
+        df.iloc[0].to_numpy(), [1229.229980, 1248.810059, 1219.099976, 1228.099976, 877000000]
+    )
+    np.testing.assert_allclose(
+        df.iloc[-1].to_numpy(), [2498.939941, 2509.239990, 2482.820068, 2506.850098, 3442870000]
+    )
+    assert "sp500" in df.attrs["source"]
+
+
+def test_e2_load_dispatch(tmp_path):
+    sp = data.load(DataConfig())
+    assert len(sp) == 5031
+    p = _write(tmp_path, "bars.csv", GOOD.replace("close", "Px"))
+    df = data.load(DataConfig(source="csv", path=str(p), columns={"Px": "close"}))
+    assert df["close"].iloc[0] == 10.5
+    q = tmp_path / "bars.parquet"
+    df.to_parquet(q)
+    pd.testing.assert_frame_equal(
+        data.load(DataConfig(source="parquet", path=str(q))), df, check_freq=False
+    )
+    # source=csv forces the CSV reader whatever the suffix.
+    r = _write(tmp_path, "bars.dat", GOOD)
+    assert len(data.load(DataConfig(source="csv", path=str(r)))) == 10
+    syn = data.load(DataConfig(source="synthetic", synthetic=SyntheticConfig(num_bars=300)))
+    assert len(syn) == 300 and "oracle" in syn.columns
+
+
+# ---------------------------------------------------------------------------------------------
+# Files, columns, defaults
+# ---------------------------------------------------------------------------------------------
+
+
+def test_e2_csv_values_and_volume_zero(tmp_path):
+    df = data.load_ohlcv(_write(tmp_path, "bars.csv", GOOD))
+    assert df.shape == (10, 5)
+    assert df.index[3] == pd.Timestamp("2020-01-09")
+    assert df.loc["2020-01-09", "volume"] == 0.0  # zero volume is allowed
+    assert df.loc["2020-01-16", "close"] == 10.35
+    assert df.attrs["source"].endswith("bars.csv")
+
+
+def test_e2_csv_gz_and_semicolons(tmp_path):
+    p = tmp_path / "bars.csv.gz"
+    with gzip.open(p, "wt") as fh:
+        fh.write(GOOD)
+    assert len(data.load_ohlcv(p)) == 10
+    q = _write(tmp_path, "semi.csv", GOOD.replace(",", ";"))
+    pd.testing.assert_frame_equal(data.load_ohlcv(q), data.load_ohlcv(p), check_freq=False)
+
+
+@pytest.mark.parametrize("date_name", ["Date", "DATE", " datetime ", "Timestamp", "time"])
+def test_e2_default_column_names_any_case(tmp_path, date_name):
+    header = f"{date_name},Open,HIGH,low,Close,Volume"
+    text = GOOD.replace("date,open,high,low,close,volume", header)
+    df = data.load_ohlcv(_write(tmp_path, "bars.csv", text))
+    assert list(df.columns) == list(COLUMNS)
+    assert df.index[0] == pd.Timestamp("2020-01-06")
+
+
+def test_e2_adj_close_ignored_when_close_exists(tmp_path):
+    frame = _good_frame()
+    frame["Adj Close"] = frame["close"] * 0.5  # would break OHLC consistency if used
+    frame = frame.rename(columns=str.title)
+    p = tmp_path / "yahoo.csv"
+    frame.to_csv(p, index=False)
+    df = data.load_ohlcv(p)
+    np.testing.assert_array_equal(df["close"].to_numpy(), _good_frame()["close"].to_numpy())
+
+
+def test_e2_adj_close_used_when_no_close(tmp_path):
+    frame = _good_frame().rename(columns={"close": "Adj Close"})
+    p = tmp_path / "adj.csv"
+    frame.to_csv(p, index=False)
+    df = data.load_ohlcv(p)
+    np.testing.assert_array_equal(df["close"].to_numpy(), _good_frame()["close"].to_numpy())
+
+
+def test_e2_column_map(tmp_path):
+    frame = _good_frame().rename(
+        columns={"date": "Day", "open": "o", "high": "h", "low": "l", "close": "Px", "volume": "n"}
+    )
+    frame["close"] = 999.0  # an unrelated column called close: the explicit map wins
+    p = tmp_path / "mapped.csv"
+    frame.to_csv(p, index=False)
+    cmap = {"Day": "date", "o": "open", "h": "high", "l": "low", "Px": "close", "n": "volume"}
+    df = data.load_ohlcv(p, cmap)
+    pd.testing.assert_frame_equal(df, data.load_ohlcv(_write(tmp_path, "g.csv", GOOD)))
+    # Keys also match case-insensitively when unambiguous.
+    df2 = data.load_ohlcv(p, {k.upper(): v for k, v in cmap.items()})
+    pd.testing.assert_frame_equal(df2, df)
+    # Explicitly preferring Adj Close over Close.
+    g = _good_frame()
+    g["Adj Close"] = g["close"]
+    g["close"] = 1.0e6  # inconsistent, but ignored under the map
+    g.to_csv(tmp_path / "pref.csv", index=False)
+    df3 = data.load_ohlcv(tmp_path / "pref.csv", {"Adj Close": "close"})
+    np.testing.assert_array_equal(df3["close"].to_numpy(), _good_frame()["close"].to_numpy())
+
+
+def test_e2_parquet_date_index_and_column(tmp_path):
+    ref = data.load_ohlcv(_write(tmp_path, "g.csv", GOOD))
+    frame = _good_frame()
+    frame["date"] = pd.to_datetime(frame["date"])
+    frame.to_parquet(tmp_path / "col.parquet")
+    frame.set_index("date").to_parquet(tmp_path / "idx.parquet")
+    unnamed = frame.set_index("date").rename_axis(None)
+    unnamed.to_parquet(tmp_path / "unnamed.parquet")
+    for name in ("col.parquet", "idx.parquet", "unnamed.parquet"):
+        pd.testing.assert_frame_equal(data.load_ohlcv(tmp_path / name), ref, check_freq=False)
+
+
+def test_e2_dates_yyyymmdd_and_timezones(tmp_path):
+    ref = data.load_ohlcv(_write(tmp_path, "g.csv", GOOD))
+    ints = GOOD.replace("2020-01-", "202001")
+    df = data.load_ohlcv(_write(tmp_path, "ints.csv", ints))
+    pd.testing.assert_frame_equal(df, ref, check_freq=False)
+    # tz-aware stamps keep their wall-clock date (a New York close stays on its day).
+    tz = "\n".join(
+        line if i == 0 else line.replace(",", "T16:00:00-05:00,", 1)
+        for i, line in enumerate(GOOD.splitlines())
+    )
+    df = data.load_ohlcv(_write(tmp_path, "tz.csv", tz))
+    assert df.index.tz is None
+    assert df.index[0] == pd.Timestamp("2020-01-06 16:00")
+
+
+# ---------------------------------------------------------------------------------------------
+# Every DataError
+# ---------------------------------------------------------------------------------------------
+
+
+def test_e2_error_missing_file(tmp_path):
+    _raises(tmp_path / "nope.csv", "nope.csv", "no such file")
+
+
+def test_e2_error_directory(tmp_path):
+    d = tmp_path / "dir.csv"
+    d.mkdir()
+    _raises(d, "dir.csv", "directory")
+
+
+def test_e2_error_binary_garbage(tmp_path):
+    rng = np.random.default_rng(0)
+    blob = bytes(rng.integers(128, 256, size=400, dtype=np.uint8))
+    for name in ("junk.csv", "junk.csv.gz", "junk.parquet"):
+        (tmp_path / name).write_bytes(blob)
+        _raises(tmp_path / name, name, "not a readable")
+
+
+def test_e2_error_empty_file(tmp_path):
+    for name in ("empty.csv", "empty.parquet"):
+        (tmp_path / name).write_bytes(b"")
+        _raises(tmp_path / name, name, "empty file")
+
+
+def test_e2_error_parquet_that_is_not(tmp_path):
+    p = _write(tmp_path, "text.parquet", GOOD)
+    _raises(p, "text.parquet", "not a readable parquet table")
+
+
+def test_e2_error_unknown_file_type(tmp_path):
+    p = _write(tmp_path, "bars.xlsx", GOOD)
+    _raises(p, "bars.xlsx", "unknown file type")
+
+
+def test_e2_error_header_only_and_one_row(tmp_path):
+    _raises(_write(tmp_path, "hdr.csv", GOOD.splitlines()[0] + "\n"), "hdr.csv", "0 rows")
+    one = "\n".join(GOOD.splitlines()[:2]) + "\n"
+    _raises(_write(tmp_path, "one.csv", one), "one.csv", "1 row of", "at least 2")
+
+
+def test_e2_error_not_a_table(tmp_path):
+    _raises(
+        _write(tmp_path, "prose.csv", "hello world\nthis is text\n"), "prose.csv", "not an OHLCV"
+    )
+
+
+def test_e2_error_missing_column(tmp_path):
+    p = tmp_path / "novol.csv"
+    _good_frame().drop(columns="volume").to_csv(p, index=False)
+    _raises(p, "novol.csv", "missing column 'volume'")
+    q = tmp_path / "nodate.csv"
+    _good_frame().rename(columns={"date": "when"}).to_csv(q, index=False)
+    _raises(q, "nodate.csv", "missing column 'date'", "'when'")
+
+
+def test_e2_error_ambiguous_column(tmp_path):
+    frame = _good_frame()
+    frame["CLOSE"] = frame["close"]
+    frame.to_csv(tmp_path / "amb.csv", index=False)
+    _raises(tmp_path / "amb.csv", "amb.csv", "ambiguous", "close")
+
+
+def test_e2_error_bad_column_map(tmp_path):
+    p = _write(tmp_path, "g.csv", GOOD)
+    _raises(p, "g.csv", "'Px'", "not found", column_map={"Px": "close"})
+    _raises(p, "g.csv", "'price'", "is not one of", column_map={"close": "price"})
+    _raises(p, "g.csv", "two columns", column_map={"open": "close", "close": "close"})
+
+
+BAD_ROWS = [
+    # (name, replacement for the 2020-01-08 row, fragments the message must contain)
+    ("nan", "2020-01-08,10.2,10.6,9.9,,900", ["column 'close'", "missing or NaN"]),
+    ("nan_word", "2020-01-08,10.2,10.6,9.9,nan,900", ["column 'close'", "missing or NaN"]),
+    ("inf", "2020-01-08,10.2,inf,9.9,10.4,900", ["column 'high'", "infinite"]),
+    ("text", "2020-01-08,10.2,10.6,9.9,ten,900", ["column 'close'", "non-numeric", "ten"]),
+    ("zero_price", "2020-01-08,0.0,10.6,0.0,10.4,900", ["column 'open'", "non-positive"]),
+    ("negative_price", "2020-01-08,10.2,10.6,-9.9,10.4,900", ["column 'low'", "non-positive"]),
+    ("negative_volume", "2020-01-08,10.2,10.6,9.9,10.4,-1", ["column 'volume'", "negative"]),
+    ("high_below_close", "2020-01-08,10.2,10.3,9.9,10.4,900", ["column 'high'", "max(open"]),
+    ("high_below_open", "2020-01-08,10.7,10.6,9.9,10.4,900", ["column 'high'", "max(open"]),
+    ("low_above_open", "2020-01-08,10.2,10.6,10.3,10.4,900", ["column 'low'", "min(open"]),
+    ("low_above_close", "2020-01-08,10.5,10.6,10.45,10.4,900", ["column 'low'", "min(open"]),
+]
+
+
+@pytest.mark.parametrize("case", BAD_ROWS, ids=[c[0] for c in BAD_ROWS])
+def test_e2_error_bad_values(tmp_path, case):
+    name, row, fragments = case
+    p = _write(tmp_path, f"{name}.csv", _replace_line(GOOD, "2020-01-08", row))
+    _raises(p, f"{name}.csv", "row 2 (2020-01-08)", *fragments)
+
+
+def test_e2_error_bad_values_parquet(tmp_path):
+    frame = _good_frame()
+    frame.loc[4, "low"] = np.nan
+    frame.to_parquet(tmp_path / "nan.parquet")
+    _raises(tmp_path / "nan.parquet", "nan.parquet", "2020-01-10", "column 'low'", "NaN")
+
+
+def test_e2_error_duplicate_timestamp(tmp_path):
+    text = _replace_line(GOOD, "2020-01-09", "2020-01-08,10.4,10.9,10.3,10.8,0")
+    _raises(_write(tmp_path, "dup.csv", text), "dup.csv", "row 3 (2020-01-08)", "duplicate")
+
+
+def test_e2_error_decreasing_timestamps(tmp_path):
+    text = _replace_line(GOOD, "2020-01-09", "2020-01-03,10.4,10.9,10.3,10.8,0")
+    _raises(
+        _write(tmp_path, "back.csv", text),
+        "back.csv",
+        "row 3 (2020-01-03)",
+        "column 'date'",
+        "not strictly increasing (previous row is 2020-01-08)",
+    )
+
+
+def test_e2_error_unparseable_date(tmp_path):
+    text = _replace_line(GOOD, "2020-01-09", "2020-13-45,10.4,10.9,10.3,10.8,0")
+    _raises(
+        _write(tmp_path, "d.csv", text),
+        "d.csv",
+        "row 3: column 'date'",
+        "unparseable date '2020-13-45'",
+    )
+    text = GOOD.replace("2020-01-", "1577")  # numbers that are not YYYYMMDD
+    _raises(
+        _write(tmp_path, "n.csv", text), "n.csv", "row 0: column 'date'", "date 157706 ", "YYYYMMDD"
+    )
+
+
+def test_e2_only_data_errors_escape_on_corrupted_files(tmp_path):
+    """Random byte corruption of a good file: either valid bars or a DataError, nothing else."""
+    rng = np.random.default_rng(7)
+    good = GOOD.encode()
+    outcomes = {"ok": 0, "error": 0}
+    for k in range(60):
+        raw = bytearray(good)
+        for pos in rng.integers(0, len(raw), size=int(rng.integers(1, 6))):
+            raw[pos] = int(rng.integers(0, 256))
+        p = tmp_path / f"c{k}.csv"
+        p.write_bytes(bytes(raw))
+        try:
+            df = data.load_ohlcv(p)
+        except DataError as e:
+            assert "\n" not in str(e) and f"c{k}.csv" in str(e)
+            outcomes["error"] += 1
+        else:
+            assert list(df.columns) == list(COLUMNS)
+            outcomes["ok"] += 1
+    assert outcomes["error"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic market
+# ---------------------------------------------------------------------------------------------
+
+
+def _sharpe(x: np.ndarray) -> float:
+    return float(x.mean() / x.std(ddof=1) * math.sqrt(252))
+
+
+def test_e2_synthetic_deterministic_and_valid():
+    cfg = SyntheticConfig(num_bars=500, seed=3)
+    a, b = data.synthetic(cfg), data.synthetic(cfg)
+    pd.testing.assert_frame_equal(a, b)
+    c = data.synthetic(SyntheticConfig(num_bars=500, seed=4))
+    assert not np.allclose(a["close"], c["close"])
+    assert list(a.columns) == [*COLUMNS, "oracle"]
+    assert all(a[k].dtype == np.float64 for k in a.columns)
+    # Same checks as user data: OHLC consistent, positive, increasing dates.
+    data.validate_ohlcv(a[list(COLUMNS)], "synthetic")
+    assert a.index[0] == pd.Timestamp(cfg.start_date)
+    assert (a.index.day_of_week < 5).all()
+    assert a["close"].iloc[0] == cfg.start_price
+    assert (a["volume"] > 0).all()
+    gaps = np.log(a["open"].to_numpy()[1:] / a["close"].to_numpy()[:-1])
+    assert 0 < gaps.std() < 0.5 * cfg.vol  # small open gaps
+
+
+def test_e2_synthetic_oracle_definition():
+    cfg = SyntheticConfig(num_bars=400, seed=1, phi=-0.3)
+    df = data.synthetic(cfg)
+    r = np.diff(np.log(df["close"].to_numpy()))
+    oracle = df["oracle"].to_numpy()
+    assert oracle[0] == 0.0
+    np.testing.assert_array_equal(oracle[1:], np.sign(cfg.phi * r))
+    assert set(np.unique(oracle[1:])) <= {-1.0, 1.0}
+    # With a drift the oracle follows the conditional mean mu + phi (r - mu).
+    cfg2 = SyntheticConfig(num_bars=400, seed=1, phi=0.2, drift=0.002)
+    df2 = data.synthetic(cfg2)
+    r2 = np.diff(np.log(df2["close"].to_numpy()))
+    np.testing.assert_array_equal(df2["oracle"].to_numpy()[1:], np.sign(0.002 + 0.2 * (r2 - 0.002)))
+
+
+@pytest.mark.parametrize("phi", [0.15, -0.2])
+def test_e2_synthetic_planted_signal_is_real(phi):
+    cfg = SyntheticConfig(num_bars=4000, seed=11, phi=phi)
+    df = data.synthetic(cfg)
+    r = np.diff(np.log(df["close"].to_numpy()))  # r[k] = r_{k+1}
+    lag1 = np.corrcoef(r[:-1], r[1:])[0, 1]
+    assert abs(lag1 - phi) < 0.06
+    # The oracle's direction decided after bar t earns r_{t+1}: a clearly positive Sharpe
+    # (theory ~ phi sqrt(2/pi) sqrt(252) = 1.9 for phi = 0.15), far above buy-and-hold.
+    pnl = df["oracle"].to_numpy()[1:-1] * r[1:]
+    assert _sharpe(pnl) > 1.0
+    assert _sharpe(pnl) > abs(_sharpe(r[1:])) + 0.5
+    # The edge is also there for trades at the next open (the gap is unpredictable).
+    o, c = df["open"].to_numpy(), df["close"].to_numpy()
+    intraday = np.log(c[2:] / o[2:])
+    assert _sharpe(df["oracle"].to_numpy()[1:-1] * intraday) > 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_contiguous(s: data.Splits, n: int) -> None:
+    assert s.train[0] == 0 and s.test[1] == n
+    assert s.train[1] == s.val[0] and s.val[1] == s.test[0]
+    for lo, hi in s:
+        assert lo < hi
+
+
+def test_e2_split_sp500_by_date():
+    df = data.load_ohlcv("sp500")
+    s = data.split(df, DataConfig(), warmup=56)
+    _check_contiguous(s, len(df))
+    idx = df.index
+    assert idx[s.train[1] - 1] == pd.Timestamp("2012-12-31")
+    assert idx[s.val[0]] == pd.Timestamp("2013-01-02")
+    assert idx[s.val[1] - 1] == pd.Timestamp("2015-12-31")
+    assert idx[s.test[0]] == pd.Timestamp("2016-01-04")
+    assert s == data.Splits((0, 3521), (3521, 4277), (4277, 5031))
+
+
+def test_e2_split_by_fraction():
+    df = data.synthetic(SyntheticConfig(num_bars=1000))
+    s = data.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.15), warmup=50)
+    _check_contiguous(s, 1000)
+    assert s == data.Splits((0, 700), (700, 850), (850, 1000))
+    s = data.split(df, DataConfig(split="fraction", train_frac=0.5, val_frac=0.3), warmup=50)
+    assert s == data.Splits((0, 500), (500, 800), (800, 1000))
+
+
+def test_e2_split_intraday_end_day_belongs_to_train():
+    idx = pd.date_range("2012-12-28 10:00", periods=200, freq="6h")
+    df = pd.DataFrame(1.0, index=idx.rename("date"), columns=list(COLUMNS))
+    cfg = DataConfig(train_end="2012-12-31", val_end="2013-01-10", min_split_rows=2)
+    s = data.split(df, cfg, warmup=0)
+    assert idx[s.train[1] - 1] == pd.Timestamp("2012-12-31 22:00")
+    assert idx[s.val[0]] == pd.Timestamp("2013-01-01 04:00")
+
+
+def test_e2_split_errors():
+    df = data.synthetic(SyntheticConfig(num_bars=300))
+    with pytest.raises(DataError, match=r"300 rows; at least 320 are needed \(warmup 200"):
+        data.split(df, DataConfig(split="fraction", min_split_rows=40), warmup=200)
+    # Enough rows overall but val too short at these fractions.
+    with pytest.raises(DataError, match=r"split 'val' has 6 bars; at least 20"):
+        data.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.02), warmup=10)
+    # The warmup eats the train split.
+    with pytest.raises(DataError, match=r"split 'train' has 10 bars after the warmup of 50"):
+        data.split(df, DataConfig(split="fraction", train_frac=0.2, val_frac=0.3), warmup=50)
+    # Synthetic dates start 2000-01-03: a date split ending before that leaves train empty.
+    with pytest.raises(DataError, match=r"split 'train' is empty: no bars on or before 1999"):
+        data.split(df, DataConfig(train_end="1999-06-30", val_end="2000-06-30"), warmup=10)
+    with pytest.raises(DataError, match=r"split 'test' is empty"):
+        data.split(df, DataConfig(train_end="2000-06-30", val_end="2005-01-01"), warmup=10)
+    sp = data.load_ohlcv("sp500")
+    with pytest.raises(DataError, match=r"sp500.*split 'val' is empty"):
+        data.split(sp, DataConfig(train_end="2012-12-31", val_end="2013-01-01"), warmup=10)
+
+
+def test_e2_column_map_columns_used_once(tmp_path):
+    # 'Close' is mapped to open, so it is not also picked up as the close by name.
+    frame = _good_frame().rename(columns={"close": "Close", "open": "first"})
+    frame.to_csv(tmp_path / "twice.csv", index=False)
+    _raises(
+        tmp_path / "twice.csv", "twice.csv", "missing column 'close'", column_map={"Close": "open"}
+    )
