@@ -1,0 +1,314 @@
+"""The branching dueling C51 network (M1–M7, M12) and the model factory that ties in M8–M13.
+
+Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δz`` (``v_min``,
+``Δz`` scalars or ``[B]``, moved by the learner's adaptive support L7):
+
+- **M1 trunk**: ``x = W_b obs`` (linear bottleneck, only when ``D > bottleneck_dim > 0``),
+  ``h = silu(W_2 silu(W_1 x + b_1) + b_2)`` with widths SH1, SH2.
+- **M2 VSN**: ``mask = sigmoid(W_v2 silu(W_v1 h + b_v1) + b_v2)`` (hidden R), ``W_v2 = b_v2 = 0``
+  at init so ``mask ≡ 0.5``; ``h_m = mask ⊙ h`` (off: ``h_m = h``).
+- **M3 branches** (direction, magnitude, order, urgency): ``u = W_u in + b_u`` (value path,
+  AH), ``g = W_g in + b_g`` (gate path, AH), ``a = u ⊙ gate(g)``.
+- **M4 gate**: ``gate = pallas_kernels.kan_gate`` (8 cubic B-spline bases per neuron on a uniform
+  grid + residual, 9 parameters per neuron; partition-of-unity bases, coefficients 0.5, residual
+  weight 0 → exactly 0.5 everywhere at init; see ``pallas_kernels/kan.py``), or ``sigmoid``
+  (GLU) when M4 is off.
+- **M5**: the magnitude branch's input is ``concat(h_m, stop_gradient(E[Q_dir]) / Δz)``
+  ``[B, SH2 + 3]`` (off: ``h_m``).
+- **M6 dueling C51 head** per branch: ``logits = V(a)[None] + A(a) − mean_actions A(a)``,
+  ``V: [N]``, ``A: [3, N]``; ``probs = softmax over atoms``.
+- **M7** E[Q], Var[Q], Q10/Q50/Q90 (:mod:`jaxdqn.distribution`).
+- **M12 selectivity**: ``sel = sigmoid(w · h + b)`` on the unmasked trunk output (off: 1).
+
+Parameters are one pytree with three top-level groups:
+
+    main:  trunk, vsn, branch_direction, branch_magnitude, branch_order, branch_urgency
+           (each branch holds its value/gate paths, its KAN gate and its dueling head)
+    aux:   selectivity, attention, graph, denoiser
+    xlstm: the M13 cell
+
+:func:`param_labels` maps it to ``"trunk" | "branches" | "aux" | "xlstm"`` for
+``optax.multi_transform``; :func:`branch_mask` marks the four branches alone (O4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxdqn import distribution
+from jaxdqn.config import ModelConfig
+from jaxdqn.coordination import Coordinated, make_coordination
+from jaxdqn.xlstm import XLSTM, make_xlstm
+from pallas_kernels import kan_gate, kan_gate_init
+
+__all__ = [
+    "BRANCHES",
+    "BRANCH_KEYS",
+    "Branch",
+    "KANGate",
+    "Model",
+    "Network",
+    "NetworkOutput",
+    "Params",
+    "Selectivity",
+    "Trunk",
+    "VariableSelection",
+    "branch_mask",
+    "init",
+    "make_model",
+    "param_count",
+    "param_labels",
+]
+
+Params = dict[str, Any]
+
+BRANCHES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
+BRANCH_KEYS: tuple[str, ...] = tuple(f"branch_{b}" for b in BRANCHES)
+NUM_ACTIONS = 3
+_zeros = nn.initializers.zeros
+
+
+class NetworkOutput(NamedTuple):
+    """Everything one forward pass produces (B = batch, N = atoms)."""
+
+    logits: Array  # [B, 4, 3, N] float32
+    probs: Array  # [B, 4, 3, N] softmax over atoms
+    q_mean: Array  # [B, 4, 3] E[Q]
+    q_var: Array  # [B, 4, 3] Var[Q] = E[Z²] − E[Z]²
+    quantiles: Array  # [B, 4, 3, 3] Q10, Q50, Q90
+    features: Array  # [B, SH2] the VSN-masked shared features h_m
+    selectivity: Array  # [B] M12 prediction in (0, 1); ones when M12 is off
+
+
+class Trunk(nn.Module):
+    """M1: optional linear bottleneck, then FC → SiLU [SH1] → FC → SiLU [SH2]."""
+
+    sh1: int
+    sh2: int
+    bottleneck: int = 0  # 0: no bottleneck layer
+
+    @nn.compact
+    def __call__(self, obs: Array) -> Array:
+        x = obs
+        if self.bottleneck:
+            x = nn.Dense(self.bottleneck, name="bottleneck")(x)
+        x = nn.silu(nn.Dense(self.sh1, name="fc1")(x))
+        return nn.silu(nn.Dense(self.sh2, name="fc2")(x))
+
+
+class VariableSelection(nn.Module):
+    """M2: per-feature sigmoid mask from a gating MLP; returns ``(mask ⊙ h, mask)``."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, h: Array) -> tuple[Array, Array]:
+        g = nn.silu(nn.Dense(self.hidden, name="fc1")(h))
+        # Zero last layer: the mask starts at exactly sigmoid(0) = 0.5 for every feature.
+        logits = nn.Dense(h.shape[-1], kernel_init=_zeros, bias_init=_zeros, name="fc2")(g)
+        mask = jax.nn.sigmoid(logits)
+        return mask * h, mask
+
+
+class KANGate(nn.Module):
+    """M4: KAN spline gate over ``[B, F]`` pre-activations (parameters ``coeffs [F, 8]``,
+    ``w_res [F]``), via :func:`pallas_kernels.kan_gate`."""
+
+    grid_min: float = -3.0
+    grid_max: float = 3.0
+    backend: str = "auto"
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        f = x.shape[-1]
+        coeffs = self.param("coeffs", lambda _key: kan_gate_init(f)[0])
+        w_res = self.param("w_res", lambda _key: kan_gate_init(f)[1])
+        return kan_gate(
+            x, coeffs, w_res, grid_min=self.grid_min, grid_max=self.grid_max, backend=self.backend
+        )
+
+
+class Branch(nn.Module):
+    """M3 + M4 + M6: value path ⊙ gate(gate path), then a dueling C51 head → logits [B, 3, N]."""
+
+    ah: int
+    num_atoms: int
+    kan: bool = True
+    grid_min: float = -3.0
+    grid_max: float = 3.0
+    kan_backend: str = "auto"
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        value = nn.Dense(self.ah, name="value")(x)
+        gate_pre = nn.Dense(self.ah, name="gate")(x)
+        if self.kan:
+            gate = KANGate(self.grid_min, self.grid_max, self.kan_backend, name="kan")(gate_pre)
+        else:
+            gate = jax.nn.sigmoid(gate_pre)
+        a = value * gate
+        n = self.num_atoms
+        v = nn.Dense(n, name="head_value")(a)[:, None, :]
+        adv = nn.Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
+        return v + adv - jnp.mean(adv, axis=1, keepdims=True)
+
+
+class Selectivity(nn.Module):
+    """M12: ``sigmoid(w · h + b)`` per sample, ``h [B, SH2] -> [B]``."""
+
+    @nn.compact
+    def __call__(self, h: Array) -> Array:
+        return jax.nn.sigmoid(nn.Dense(1, name="dense")(h)[:, 0])
+
+
+class Network(nn.Module):
+    """The ``main`` group: trunk, VSN and the four branches (M1–M6).
+
+    ``__call__(obs [B, D], v_min [B], delta_z [B]) -> (logits [B, 4, 3, N], h [B, SH2],
+    h_masked [B, SH2])``.
+    """
+
+    cfg: ModelConfig
+    obs_dim: int
+
+    @nn.compact
+    def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
+        c = self.cfg
+        use_bottleneck = 0 < c.bottleneck_dim < self.obs_dim
+        h = Trunk(c.sh1, c.sh2, c.bottleneck_dim if use_bottleneck else 0, name="trunk")(obs)
+        h_m = VariableSelection(c.vsn_hidden, name="vsn")(h)[0] if c.vsn else h
+
+        def branch(name: str) -> Branch:
+            return Branch(
+                c.ah, c.num_atoms, c.kan, c.kan_grid_min, c.kan_grid_max, c.kan_backend, name=name
+            )
+
+        logits_dir = branch("branch_direction")(h_m)
+        mag_in = h_m
+        if c.dir_conditioning:
+            p_dir = jax.nn.softmax(logits_dir, axis=-1)
+            q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
+            # Δz-normalised so the 3 extra inputs live on the atom-index scale; no gradient
+            # from the magnitude branch's loss into the direction branch.
+            cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])
+            mag_in = jnp.concatenate([h_m, cond], axis=-1)
+        logits_mag = branch("branch_magnitude")(mag_in)
+        logits_ord = branch("branch_order")(h_m)
+        logits_urg = branch("branch_urgency")(h_m)
+        logits = jnp.stack([logits_dir, logits_mag, logits_ord, logits_urg], axis=1)
+        return logits, h, h_m
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """Pure functions of the whole model (from :func:`make_model`); no Python-side state.
+
+    - ``init(key) -> Params`` — ``{"main": ..., "aux": ..., "xlstm": ...}``.
+    - ``apply(params, obs [B, D], v_min, delta_z) -> NetworkOutput`` — ``v_min``/``delta_z``
+      scalars or ``[B]``.
+    - ``coordinate(params, q [B, 4, 3]) -> Coordinated`` — M8–M11 (uses ``params["aux"]``).
+    - ``xlstm`` — the M13 functions (:class:`jaxdqn.xlstm.XLSTM`); its parameters are
+      ``params["xlstm"]``.
+    """
+
+    cfg: ModelConfig
+    obs_dim: int
+    init: Callable[[Array], Params]
+    apply: Callable[..., NetworkOutput]
+    coordinate: Callable[[Params, Array], Coordinated]
+    xlstm: XLSTM
+
+
+_COORD_KEYS = ("attention", "graph", "denoiser")
+
+
+def make_model(cfg: ModelConfig, obs_dim: int) -> Model:
+    """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``."""
+    net = Network(cfg, obs_dim)
+    sel = Selectivity()
+    coord = make_coordination(cfg)
+    cell = make_xlstm(cfg)
+
+    def init_params(key: Array) -> Params:
+        k_main, k_sel, k_coord, k_xlstm = jax.random.split(key, 4)
+        obs = jnp.zeros((1, obs_dim), jnp.float32)
+        one = jnp.ones((1,), jnp.float32)
+        main = net.init(k_main, obs, -one, one)["params"]
+        aux: Params = {}
+        if cfg.selectivity:
+            aux["selectivity"] = sel.init(k_sel, jnp.zeros((1, cfg.sh2), jnp.float32))["params"]
+        aux.update(coord.init(k_coord))
+        return {"main": dict(main), "aux": aux, "xlstm": cell.init(k_xlstm)}
+
+    def apply(
+        params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
+    ) -> NetworkOutput:
+        chex.assert_rank(obs, 2)
+        chex.assert_axis_dimension(obs, 1, obs_dim)
+        b = obs.shape[0]
+        v_min = jnp.broadcast_to(jnp.asarray(v_min, obs.dtype), (b,))
+        delta_z = jnp.broadcast_to(jnp.asarray(delta_z, obs.dtype), (b,))
+        logits, h, h_m = net.apply({"params": params["main"]}, obs, v_min, delta_z)
+        probs = jax.nn.softmax(logits, axis=-1)
+        vm, dz = v_min[:, None, None], delta_z[:, None, None]
+        q_mean, q_var, q_quant = distribution.statistics(probs, vm, dz)
+        if cfg.selectivity:
+            selectivity = sel.apply({"params": params["aux"]["selectivity"]}, h)
+        else:
+            selectivity = jnp.ones((b,), obs.dtype)
+        return NetworkOutput(
+            logits=logits,
+            probs=probs,
+            q_mean=q_mean,
+            q_var=q_var,
+            quantiles=q_quant,
+            features=h_m,
+            selectivity=selectivity,
+        )
+
+    def coordinate(params: Params, q: Array) -> Coordinated:
+        aux = params["aux"]
+        return coord.apply({k: aux[k] for k in _COORD_KEYS if k in aux}, q)
+
+    return Model(
+        cfg=cfg, obs_dim=obs_dim, init=init_params, apply=apply, coordinate=coordinate, xlstm=cell
+    )
+
+
+def init(key: Array, cfg: ModelConfig, obs_dim: int) -> tuple[Params, Model]:
+    """``(params, model)``: a fresh parameter tree and the model's pure functions."""
+    model = make_model(cfg, obs_dim)
+    return model.init(key), model
+
+
+def _label(path: tuple[Any, ...]) -> str:
+    group = path[0].key
+    if group == "main":
+        return "branches" if str(path[1].key).startswith("branch_") else "trunk"
+    if group in ("aux", "xlstm"):
+        return group
+    raise ValueError(f"param_labels: unexpected top-level parameter group {group!r}")
+
+
+def param_labels(params: Params) -> Params:
+    """Same-structure tree of labels ``"trunk"`` (trunk, VSN), ``"branches"`` (the four
+    branches with their gates and heads), ``"aux"`` and ``"xlstm"`` for optax.multi_transform."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: _label(p), params)
+
+
+def branch_mask(params: Params) -> Params:
+    """Same-structure tree of bools: True on the four branches' parameters (O4 resets these)."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: _label(p) == "branches", params)
+
+
+def param_count(params: Params) -> int:
+    """Total number of scalars in a parameter tree."""
+    return int(sum(x.size for x in jax.tree_util.tree_leaves(params)))

@@ -1,0 +1,546 @@
+"""M1–M7, M12: the branching dueling C51 network against an independent float64 numpy forward.
+
+Small sizes keep the suite fast on CPU. Zero-initialised parameters (VSN last layer, KAN
+coefficients) are perturbed where a test must see a non-trivial value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from absl.testing import parameterized
+
+from jaxdqn import distribution as D
+from jaxdqn import network as N
+from jaxdqn.config import ModelConfig
+from pallas_kernels import kan_gate_reference
+
+OBS_DIM = 24
+CFG = ModelConfig(
+    bottleneck_dim=16,
+    sh1=32,
+    sh2=16,
+    ah=8,
+    vsn_hidden=8,
+    num_atoms=11,
+    denoise_hidden=8,
+    xlstm_hidden=4,
+)
+ALL_OFF = dataclasses.replace(
+    CFG,
+    vsn=False,
+    kan=False,
+    dir_conditioning=False,
+    q_centering=False,
+    q_attention=False,
+    graph=False,
+    denoiser=False,
+    selectivity=False,
+    xlstm=False,
+    liquid=False,
+)
+V_MIN, DZ = -1.0, 0.2
+
+
+def _perturb(tree, key, scale=0.3):
+    """Adds N(0, scale²) noise to every leaf (numpy RNG seeded by ``key``: no compilation)."""
+    rng = np.random.default_rng(int(jax.random.randint(key, (), 0, 2**31 - 1)))
+    return jax.tree_util.tree_map(
+        lambda x: x + jnp.asarray(scale * rng.standard_normal(x.shape), x.dtype), tree
+    )
+
+
+B = 6  # the batch of the numeric tests (one compile of the jitted forward per configuration)
+
+
+@functools.cache
+def _fwd(model):
+    """The model's jitted forward pass."""
+    return jax.jit(model.apply)
+
+
+def _obs(b, key=1):
+    return jax.random.normal(jax.random.PRNGKey(key), (b, OBS_DIM), jnp.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# An independent numpy (float64) forward pass of the main network, written from the SPEC.
+# --------------------------------------------------------------------------------------------
+
+
+def _np(x):
+    return np.asarray(x, np.float64)
+
+
+def _dense(p, x):
+    return x @ _np(p["kernel"]) + _np(p["bias"])
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_forward(params, obs, v_min, dz, cfg):
+    """Returns dict with h (trunk), mask, h_m, a (branch hidden), logits, probs, sel."""
+    m = params["main"]
+    x = _np(obs)
+    if "bottleneck" in m["trunk"]:
+        x = _dense(m["trunk"]["bottleneck"], x)
+    h = _silu(_dense(m["trunk"]["fc2"], _silu(_dense(m["trunk"]["fc1"], x))))
+    if cfg.vsn:
+        mask = _sigmoid(_dense(m["vsn"]["fc2"], _silu(_dense(m["vsn"]["fc1"], h))))
+    else:
+        mask = np.ones_like(h)
+    h_m = mask * h
+    z = v_min + dz * np.arange(cfg.num_atoms)
+
+    def branch(bp, inp):
+        u = _dense(bp["value"], inp)
+        g = _dense(bp["gate"], inp)
+        if cfg.kan:
+            gate = _np(
+                kan_gate_reference(
+                    jnp.asarray(g, jnp.float32),
+                    bp["kan"]["coeffs"],
+                    bp["kan"]["w_res"],
+                    grid_min=cfg.kan_grid_min,
+                    grid_max=cfg.kan_grid_max,
+                )
+            )
+        else:
+            gate = _sigmoid(g)
+        a = u * gate
+        v = _dense(bp["head_value"], a)[:, None, :]
+        adv = _dense(bp["head_advantage"], a).reshape(len(a), 3, -1)
+        return v + adv - adv.mean(1, keepdims=True), a
+
+    lg_dir, a_dir = branch(m["branch_direction"], h_m)
+    mag_in = h_m
+    if cfg.dir_conditioning:
+        q_dir = (_softmax(lg_dir) * z).sum(-1)
+        mag_in = np.concatenate([h_m, q_dir / dz], -1)
+    lg_mag, _ = branch(m["branch_magnitude"], mag_in)
+    lg_ord, _ = branch(m["branch_order"], h_m)
+    lg_urg, _ = branch(m["branch_urgency"], h_m)
+    logits = np.stack([lg_dir, lg_mag, lg_ord, lg_urg], 1)
+    sel = (
+        _sigmoid(_dense(params["aux"]["selectivity"]["dense"], h))[:, 0]
+        if cfg.selectivity
+        else np.ones(len(h))
+    )
+    return {"h": h, "mask": mask, "h_m": h_m, "a_dir": a_dir, "logits": logits, "sel": sel}
+
+
+def _switch_off(params, cfg):
+    """The default configuration's parameters with the switched-off components removed."""
+    main = {k: dict(v) for k, v in params["main"].items() if cfg.vsn or k != "vsn"}
+    for b in N.BRANCH_KEYS:
+        if not cfg.kan:
+            main[b].pop("kan")
+    if not cfg.dir_conditioning:
+        for path in ("value", "gate"):
+            p = main["branch_magnitude"][path]
+            main["branch_magnitude"][path] = dict(p, kernel=p["kernel"][: cfg.sh2])
+    aux = {
+        k: v
+        for k, v in params["aux"].items()
+        if getattr(cfg, {"attention": "q_attention"}.get(k, k))
+    }
+    return {"main": main, "aux": aux, "xlstm": params["xlstm"] if cfg.xlstm else {}}
+
+
+@functools.cache
+def _build(cfg=CFG, obs_dim=OBS_DIM, seed=0):
+    """(params, model). The default is initialised once (jitted); other switch settings reuse
+    its parameters minus the switched-off parts, after checking that their own ``init`` gives
+    exactly that tree structure and those shapes (by ``eval_shape``, which compiles nothing)."""
+    model = N.make_model(cfg, obs_dim)
+    if cfg == CFG and obs_dim == OBS_DIM:
+        return jax.jit(model.init)(jax.random.PRNGKey(seed)), model
+    params = _switch_off(_build(CFG, OBS_DIM, seed)[0], cfg)
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(seed))
+    chex.assert_trees_all_equal_shapes_and_dtypes(params, shapes)
+    return params, model
+
+
+@pytest.fixture(scope="module")
+def model_params():
+    params, model = _build()
+    return model, params
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and dtypes (jit and no-jit), two batch sizes.
+# --------------------------------------------------------------------------------------------
+
+
+class ShapesTest(chex.TestCase, parameterized.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(1, 5)
+    def test_m1_output_shapes_and_dtypes(self, b):
+        for cfg in (CFG, ALL_OFF):
+            params, model = _build(cfg)
+            fn = self.variant(lambda p, o, v, d, model=model: model.apply(p, o, v, d))
+            out = fn(params, _obs(b), jnp.float32(V_MIN), jnp.float32(DZ))
+            n = cfg.num_atoms
+            chex.assert_shape(out.logits, (b, 4, 3, n))
+            chex.assert_shape(out.probs, (b, 4, 3, n))
+            chex.assert_shape(out.q_mean, (b, 4, 3))
+            chex.assert_shape(out.q_var, (b, 4, 3))
+            chex.assert_shape(out.quantiles, (b, 4, 3, 3))
+            chex.assert_shape(out.features, (b, cfg.sh2))
+            chex.assert_shape(out.selectivity, (b,))
+            chex.assert_type(list(out), jnp.float32)
+            chex.assert_tree_all_finite(out)
+
+
+# --------------------------------------------------------------------------------------------
+# M1 trunk with bottleneck
+# --------------------------------------------------------------------------------------------
+
+
+def test_m1_trunk_matches_numpy_and_bottleneck_only_when_wider(model_params):
+    model, params = model_params
+    params = _perturb(params, jax.random.PRNGKey(3))
+    obs = _obs(B)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    ref = np_forward(params, obs, V_MIN, DZ, CFG)
+    np.testing.assert_allclose(out.features, ref["h_m"], rtol=1e-4, atol=1e-5)
+    assert params["main"]["trunk"]["bottleneck"]["kernel"].shape == (OBS_DIM, CFG.bottleneck_dim)
+    assert params["main"]["trunk"]["fc1"]["kernel"].shape == (CFG.bottleneck_dim, CFG.sh1)
+    # Observation narrower than the bottleneck: no bottleneck layer at all.
+    narrow = jax.eval_shape(N.make_model(CFG, 8).init, jax.random.PRNGKey(0))
+    assert "bottleneck" not in narrow["main"]["trunk"]
+    assert narrow["main"]["trunk"]["fc1"]["kernel"].shape == (8, CFG.sh1)
+
+
+# --------------------------------------------------------------------------------------------
+# M2 VSN
+# --------------------------------------------------------------------------------------------
+
+
+def test_m2_vsn_mask_is_half_at_init_and_learnable(model_params):
+    model, params = model_params
+    obs = _obs(B)
+    ref = np_forward(params, obs, V_MIN, DZ, CFG)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    np.testing.assert_array_equal(ref["mask"], 0.5)
+    np.testing.assert_allclose(out.features, 0.5 * ref["h"], rtol=1e-5, atol=1e-6)
+    assert np.abs(ref["h"]).max() > 1e-2  # 0.5·h is distinguishable from h
+    # A non-zero last layer gives a per-feature mask in (0, 1), not a softmax (sum ≠ 1).
+    p2 = dict(
+        params,
+        main=dict(params["main"], vsn=_perturb(params["main"]["vsn"], jax.random.PRNGKey(4), 1.0)),
+    )
+    ref2 = np_forward(p2, obs, V_MIN, DZ, CFG)
+    out2 = _fwd(model)(p2, obs, V_MIN, DZ)
+    np.testing.assert_allclose(out2.features, ref2["h_m"], rtol=1e-4, atol=1e-5)
+    assert ref2["mask"].std() > 0.05 and np.all((ref2["mask"] > 0) & (ref2["mask"] < 1))
+    assert not np.allclose(ref2["mask"].sum(-1), 1.0)
+    # Off: features are the raw trunk output and no VSN parameters exist.
+    p_off, m_off = _build(dataclasses.replace(CFG, vsn=False))
+    assert "vsn" not in p_off["main"]
+    ref_off = np_forward(p_off, obs, V_MIN, DZ, dataclasses.replace(CFG, vsn=False))
+    np.testing.assert_allclose(
+        _fwd(m_off)(p_off, obs, V_MIN, DZ).features, ref_off["h"], rtol=1e-4, atol=1e-6
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# M3 branches (value ⊙ gate) and M6 dueling heads, against numpy
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kan", [True, False])
+def test_m3_branches_value_times_gate_match_numpy(kan):
+    cfg = dataclasses.replace(CFG, kan=kan)
+    params, model = _build(cfg)
+    params = _perturb(params, jax.random.PRNGKey(6))
+    obs = _obs(B)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    ref = np_forward(params, obs, V_MIN, DZ, cfg)
+    np.testing.assert_allclose(out.logits, ref["logits"], rtol=1e-4, atol=1e-4)
+    for name in N.BRANCH_KEYS:
+        bp = params["main"][name]
+        assert set(bp) >= {"value", "gate", "head_value", "head_advantage"}
+        assert bp["value"]["kernel"].shape[-1] == cfg.ah == bp["gate"]["kernel"].shape[-1]
+    # The gate path matters: changing only the gate weights changes the output.
+    p2 = jax.tree_util.tree_map(lambda x: x, params)
+    p2["main"]["branch_order"]["gate"]["kernel"] = (
+        p2["main"]["branch_order"]["gate"]["kernel"] + 0.5
+    )
+    assert not np.allclose(_fwd(model)(p2, obs, V_MIN, DZ).logits[:, 2], out.logits[:, 2])
+
+
+def test_m6_dueling_logits_and_probabilities(model_params):
+    model, params = model_params
+    params = _perturb(params, jax.random.PRNGKey(7))
+    obs = _obs(B)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    ref = np_forward(params, obs, V_MIN, DZ, CFG)
+    np.testing.assert_allclose(out.logits, ref["logits"], rtol=1e-4, atol=1e-4)
+    # Dueling identity: the action-mean of the logits is the value stream V(a).
+    v_dir = _dense(params["main"]["branch_direction"]["head_value"], ref["a_dir"])
+    np.testing.assert_allclose(np.asarray(out.logits[:, 0]).mean(1), v_dir, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out.probs, _softmax(ref["logits"]), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.probs).sum(-1), 1.0, atol=1e-6)
+    assert np.asarray(out.q_mean).std() > 0  # actions differ: the advantage stream is present
+
+
+# --------------------------------------------------------------------------------------------
+# M4 KAN gate
+# --------------------------------------------------------------------------------------------
+
+
+def test_m4_kan_gate_flat_half_at_init_and_param_count():
+    gate = N.KANGate(-3.0, 3.0, "reference")
+    x = jnp.linspace(-5.0, 5.0, 4 * 41).reshape(4, 41)  # inside and outside the grid
+    p = gate.init(jax.random.PRNGKey(0), x)
+    np.testing.assert_array_equal(gate.apply(p, x), 0.5)
+    # In the network: with the KAN on, branch hidden = 0.5 · value path exactly at init.
+    params, model = _build()
+    obs = _obs(B)
+    ref = np_forward(params, obs, V_MIN, DZ, CFG)
+    h_m = ref["h_m"]
+    u = _dense(params["main"]["branch_direction"]["value"], h_m)
+    np.testing.assert_allclose(ref["a_dir"], 0.5 * u, rtol=1e-12)
+    np.testing.assert_allclose(
+        _fwd(model)(params, obs, V_MIN, DZ).logits, ref["logits"], rtol=1e-4, atol=1e-5
+    )
+    # 9 parameters per gate neuron, 4 · AH · 9 = 9,216 at AH = 256.
+    big = N.make_model(dataclasses.replace(CFG, ah=256), OBS_DIM)
+    shapes = jax.eval_shape(big.init, jax.random.PRNGKey(0))
+    kan_count = sum(
+        int(np.prod(shapes["main"][b]["kan"][k].shape))
+        for b in N.BRANCH_KEYS
+        for k in ("coeffs", "w_res")
+    )
+    assert kan_count == 4 * 256 * 9 == 9216
+    # Off: a GLU sigmoid gate and no spline parameters.
+    off, _ = _build(dataclasses.replace(CFG, kan=False))
+    assert all("kan" not in off["main"][b] for b in N.BRANCH_KEYS)
+    on_count = N.param_count(params)
+    assert on_count - N.param_count(off) == 4 * CFG.ah * 9
+
+
+# --------------------------------------------------------------------------------------------
+# M5 direction-conditioned magnitude
+# --------------------------------------------------------------------------------------------
+
+
+def test_m5_magnitude_sees_direction_q_with_exactly_zero_gradient(model_params):
+    model, params = model_params
+    params = _perturb(params, jax.random.PRNGKey(8))
+    obs = _obs(B)
+    w = jax.random.normal(jax.random.PRNGKey(9), (B, 3, CFG.num_atoms))
+    assert params["main"]["branch_magnitude"]["value"]["kernel"].shape[0] == CFG.sh2 + 3
+
+    def mag_loss(p):
+        return jnp.sum(model.apply(p, obs, V_MIN, DZ).logits[:, 1] * w)
+
+    grads = jax.jit(jax.grad(mag_loss))(params)
+    for leaf in jax.tree_util.tree_leaves(grads["main"]["branch_direction"]):
+        np.testing.assert_array_equal(leaf, 0.0)
+    assert np.abs(np.asarray(grads["main"]["branch_magnitude"]["value"]["kernel"])).max() > 0
+    # ... but the magnitude output does depend on the direction branch (through the forward).
+    p2 = jax.tree_util.tree_map(lambda x: x, params)
+    hv = p2["main"]["branch_direction"]["head_advantage"]
+    # (a random shift: a per-action constant over atoms would leave the softmax unchanged)
+    hv["bias"] = hv["bias"] + 2.0 * jax.random.normal(jax.random.PRNGKey(10), hv["bias"].shape)
+    out, out2 = _fwd(model)(params, obs, V_MIN, DZ), _fwd(model)(p2, obs, V_MIN, DZ)
+    assert np.abs(np.asarray(out2.logits[:, 1] - out.logits[:, 1])).max() > 1e-4
+    np.testing.assert_allclose(out2.logits[:, 2:], out.logits[:, 2:], rtol=1e-6)
+    # The extra inputs are exactly E[Q_direction] / Δz (per-row support).
+    v_min = jnp.array([-1.0, -0.5, 0.0, 0.3, -2.0, 1.0])
+    dz = jnp.array([0.2, 0.1, 0.05, 0.3, 0.4, 0.02])
+    out = _fwd(model)(params, obs, v_min, dz)
+    mag_in = jnp.concatenate([out.features, out.q_mean[:, 0] / dz[:, None]], -1)
+    branch = N.Branch(CFG.ah, CFG.num_atoms, True, CFG.kan_grid_min, CFG.kan_grid_max)
+    expected = branch.apply({"params": params["main"]["branch_magnitude"]}, mag_in)
+    np.testing.assert_allclose(out.logits[:, 1], expected, rtol=1e-5, atol=1e-5)
+    # Off: the magnitude branch reads the masked features only.
+    p_off = jax.eval_shape(
+        N.make_model(dataclasses.replace(CFG, dir_conditioning=False), OBS_DIM).init,
+        jax.random.PRNGKey(0),
+    )
+    assert p_off["main"]["branch_magnitude"]["value"]["kernel"].shape[0] == CFG.sh2
+
+
+# --------------------------------------------------------------------------------------------
+# M7 distribution statistics
+# --------------------------------------------------------------------------------------------
+
+
+class StatisticsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_m7_statistics_hand_computed(self):
+        probs = jnp.array([[0.2, 0.3, 0.5]])
+        mean, var, q = self.variant(D.statistics)(probs, jnp.float32(-1.0), jnp.float32(1.0))
+        np.testing.assert_allclose(mean, [0.3], atol=1e-6)  # −0.2 + 0.5
+        np.testing.assert_allclose(var, [0.61], atol=1e-6)  # E[Z²] = 0.7, minus 0.09
+        # CDF (0.2, 0.5, 1.0) at z (−1, 0, 1): Q10 = z_0, Q50 = 0, Q90 = 0 + 0.4/0.5.
+        np.testing.assert_allclose(q, [[-1.0, 0.0, 0.8]], atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_m7_statistics_match_numpy(self):
+        key = jax.random.PRNGKey(11)
+        probs = jax.nn.softmax(3.0 * jax.random.normal(key, (7, 4, 3, 13)), -1)
+        v_min = jnp.linspace(-5.0, 2.0, 7)[:, None, None]
+        dz = jnp.linspace(0.01, 0.5, 7)[:, None, None]
+        mean, var, q = self.variant(D.statistics)(probs, v_min, dz)
+        p = _np(probs)
+        z = _np(v_min)[..., None] + _np(dz)[..., None] * np.arange(13)
+        z = np.broadcast_to(z, p.shape)
+        ez = (p * z).sum(-1)
+        np.testing.assert_allclose(mean, ez, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            var, (p * (z - ez[..., None]) ** 2).sum(-1), rtol=1e-4, atol=1e-7
+        )
+        cdf = np.cumsum(p, -1)
+        expect = np.empty((*p.shape[:-1], 3))
+        for idx in np.ndindex(p.shape[:-1]):
+            expect[idx] = np.interp([0.1, 0.5, 0.9], cdf[idx], z[idx])
+        np.testing.assert_allclose(q, expect, rtol=1e-4, atol=1e-5)
+
+
+def test_m7_network_statistics_use_the_given_support(model_params):
+    model, params = model_params
+    obs = _obs(B)
+    v_min = jnp.array([-2.0, 0.0, 1.0, -0.5, 3.0, -7.0])
+    dz = jnp.array([0.1, 0.3, 0.05, 0.01, 0.2, 0.5])
+    out = _fwd(model)(params, obs, v_min, dz)
+    z = _np(v_min)[:, None] + _np(dz)[:, None] * np.arange(CFG.num_atoms)
+    p = _np(out.probs)
+    ez = (p * z[:, None, None]).sum(-1)
+    np.testing.assert_allclose(out.q_mean, ez, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        out.q_var, (p * (z[:, None, None] - ez[..., None]) ** 2).sum(-1), rtol=1e-3, atol=1e-7
+    )
+    assert np.all(np.diff(np.asarray(out.quantiles), axis=-1) >= 0)
+
+
+# --------------------------------------------------------------------------------------------
+# M12 selectivity
+# --------------------------------------------------------------------------------------------
+
+
+def test_m12_selectivity_head(model_params):
+    model, params = model_params
+    aux = dict(
+        params["aux"], selectivity=_perturb(params["aux"]["selectivity"], jax.random.PRNGKey(12))
+    )
+    params = dict(params, aux=aux)
+    obs = _obs(B)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    ref = np_forward(params, obs, V_MIN, DZ, CFG)
+    np.testing.assert_allclose(out.selectivity, ref["sel"], rtol=1e-4)
+    assert np.asarray(out.selectivity).std() > 1e-3
+    assert set(params["aux"]["selectivity"]["dense"]) == {"kernel", "bias"}
+    p_off, m_off = _build(dataclasses.replace(CFG, selectivity=False))
+    assert "selectivity" not in p_off["aux"]
+    np.testing.assert_array_equal(_fwd(m_off)(p_off, obs, V_MIN, DZ).selectivity, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameter tree, labels, seeds, the whole network's gradient
+# --------------------------------------------------------------------------------------------
+
+
+def test_param_tree_groups_and_labels(model_params):
+    _, params = model_params
+    assert set(params) == {"main", "aux", "xlstm"}
+    assert set(params["main"]) == {"trunk", "vsn", *N.BRANCH_KEYS}
+    assert set(params["aux"]) == {"selectivity", "attention", "graph", "denoiser"}
+    assert params["xlstm"]
+    labels = N.param_labels(params)
+    assert set(jax.tree_util.tree_leaves(labels["main"]["trunk"])) == {"trunk"}
+    assert set(jax.tree_util.tree_leaves(labels["main"]["vsn"])) == {"trunk"}
+    for b in N.BRANCH_KEYS:
+        assert set(jax.tree_util.tree_leaves(labels["main"][b])) == {"branches"}
+    assert set(jax.tree_util.tree_leaves(labels["aux"])) == {"aux"}
+    assert set(jax.tree_util.tree_leaves(labels["xlstm"])) == {"xlstm"}
+    mask = N.branch_mask(params)
+    assert sum(jax.tree_util.tree_leaves(mask)) == sum(
+        len(jax.tree_util.tree_leaves(params["main"][b])) for b in N.BRANCH_KEYS
+    )
+    # The labels drive optax.multi_transform: only the "branches" group moves here.
+    tx = optax.multi_transform(
+        {
+            "trunk": optax.set_to_zero(),
+            "branches": optax.sgd(1.0),
+            "aux": optax.set_to_zero(),
+            "xlstm": optax.set_to_zero(),
+        },
+        labels,
+    )
+    ones = jax.tree_util.tree_map(jnp.ones_like, params)
+    upd, _ = tx.update(ones, tx.init(params), params)
+    np.testing.assert_array_equal(upd["main"]["trunk"]["fc1"]["kernel"], 0.0)
+    np.testing.assert_array_equal(upd["main"]["branch_urgency"]["value"]["kernel"], -1.0)
+
+
+def test_all_off_is_plain_branching_dueling_c51():
+    params, model = _build(ALL_OFF)
+    assert set(params["main"]) == {"trunk", *N.BRANCH_KEYS}
+    assert params["aux"] == {} and params["xlstm"] == {}
+    params = _perturb(params, jax.random.PRNGKey(13))
+    obs = _obs(B)
+    out = _fwd(model)(params, obs, V_MIN, DZ)
+    np.testing.assert_allclose(
+        out.logits, np_forward(params, obs, V_MIN, DZ, ALL_OFF)["logits"], rtol=1e-4, atol=1e-4
+    )
+    coord = model.coordinate(params, out.q_mean)
+    np.testing.assert_array_equal(coord.q, out.q_mean)
+
+
+def test_model_vmaps_over_a_seed_axis():
+    model = _build()[1]
+    keys = jax.random.split(jax.random.PRNGKey(21), 3)
+    shapes = jax.eval_shape(jax.vmap(model.init), keys)
+    chex.assert_shape(shapes["main"]["trunk"]["fc1"]["kernel"], (3, CFG.bottleneck_dim, CFG.sh1))
+    init = jax.jit(model.init)
+    singles = [init(k) for k in keys]
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *singles)
+    obs = _obs(B)
+    outs = jax.jit(jax.vmap(model.apply, in_axes=(0, None, None, None)))(stacked, obs, V_MIN, DZ)
+    chex.assert_shape(outs.logits, (3, B, 4, 3, CFG.num_atoms))
+    single = _fwd(model)(singles[1], obs, V_MIN, DZ)
+    np.testing.assert_allclose(outs.logits[1], single.logits, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(outs.logits[0], outs.logits[1])
+
+
+def test_network_jit_grad_of_whole_model_is_finite():
+    params, model = N.init(jax.random.PRNGKey(0), ModelConfig(), 8 * 12 + 3)  # CPU default
+    obs = jax.random.normal(jax.random.PRNGKey(1), (16, model.obs_dim)) * 3.0
+    target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(2), (16, 4, 3, 51)))
+    state = model.xlstm.init_state()
+
+    def loss(p):
+        out = model.apply(p, obs, -2.0, 4.0 / 50)
+        ce = -jnp.mean(jnp.sum(target * jax.nn.log_softmax(out.logits), -1))
+        coord = model.coordinate(p, out.q_mean)
+        from jaxdqn.xlstm import batch_statistics
+
+        xl, _ = model.xlstm.prediction_loss(p["xlstm"], state, batch_statistics(out.q_mean), 0.1)
+        return ce + jnp.mean(coord.q**2) + jnp.mean(out.selectivity) + xl + jnp.mean(out.quantiles)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    chex.assert_tree_all_finite(grads)
+    for group in ("main", "aux", "xlstm"):
+        assert any(np.abs(np.asarray(g)).max() > 0 for g in jax.tree_util.tree_leaves(grads[group]))
