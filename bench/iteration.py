@@ -1,0 +1,172 @@
+"""Throughput of the jitted training iteration (issue 5): learner updates/s, acting env steps/s,
+compile time, FLOPs per update and the achieved fraction of the measured matmul rate.
+
+    python bench/iteration.py            # configs/gpu.yaml sizes (run on the H200)
+    python bench/iteration.py --tiny     # smoke sizes, to check the script on a CPU
+
+Prints a table last. Medians over repeats; every timed call blocks on its result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jaxdqn import config, iteration, learner, market_setup, train_state  # noqa: E402
+
+ALL_OFF = [
+    "model.vsn=false", "model.kan=false", "model.dir_conditioning=false",
+    "model.q_centering=false", "model.q_attention=false", "model.graph=false",
+    "model.denoiser=false", "model.selectivity=false", "model.xlstm=false",
+    "model.liquid=false", "learner.spread=false", "learner.entropy=false",
+    "learner.rank_rewards=false", "learner.aux_training=false",
+    "learner.adaptive_support=false", "learner.iqn_blend=false",
+    "learner.position_sizing=false",
+]  # fmt: skip
+
+
+def timed(fn, *args, repeats: int = 5):
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = fn(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def matmul_rate(n: int) -> float:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    t, _ = timed(f, a)
+    return 2 * n**3 / t
+
+
+def build(base: str, overrides: list[str], prepared=None):
+    cfg = config.load(base, overrides)
+    p = prepared or market_setup.prepare(cfg)
+    lo, hi = p.bar_range("train")
+    setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
+    return p, setup
+
+
+def fill_replay(setup, state, market):
+    """Acting until the replay holds enough transitions to sample a batch."""
+    step = jax.jit(
+        lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)), donate_argnums=0
+    )
+    need = max(setup.cfg.learner.batch_size, setup.cfg.learner.learning_starts)
+    while int(state.replay.size) < need:
+        state = step(state, market)
+    return state
+
+
+def bench_learner(base, extra, batch, updates, prepared, envs):
+    p, setup = build(
+        base,
+        [*extra, f"learner.batch_size={batch}", f"learner.num_envs={envs}",
+         f"learner.learning_starts={batch}", "learner.act_steps=16",
+         "learner.replay_capacity=1048576"],
+        prepared,
+    )  # fmt: skip
+    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
+    state = fill_replay(setup, state, p.market)
+    run = lambda s: jax.lax.scan(lambda c, _: learner.update(setup, c), s, None, updates)
+    f = jax.jit(run, donate_argnums=0)
+    t0 = time.perf_counter()
+    compiled = f.lower(state).compile()
+    compile_s = time.perf_counter() - t0
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = float(cost.get("flops", float("nan"))) / updates
+    times = []
+    state, _ = compiled(state)
+    jax.block_until_ready(state)
+    for _ in range(5):
+        t = time.perf_counter()
+        state, _ = compiled(state)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t)
+    return updates / statistics.median(times), flops, compile_s
+
+
+def bench_acting(base, extra, envs, steps, prepared):
+    p, setup = build(
+        base,
+        [*extra, f"learner.num_envs={envs}", f"learner.act_steps={steps}",
+         "learner.learning_starts=1048576", "learner.replay_capacity=1048576"],
+        prepared,
+    )  # fmt: skip
+    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
+    f = jax.jit(lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)), donate_argnums=0)
+    state = f(state, p.market)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        state = f(state, p.market)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t)
+    return envs * steps / statistics.median(times)
+
+
+def bench_compile(base, extra, prepared):
+    p, setup = build(base, extra, prepared)
+    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
+    it = jax.jit(lambda s, m: iteration.iteration(setup, s, m), donate_argnums=0)
+    t0 = time.perf_counter()
+    it.lower(state, p.market).compile()
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    if args.tiny:
+        base = str(ROOT / "configs/smoke.yaml")
+        batches, envs, updates, steps, mm = [64, 128], [64, 256], 8, 4, 512
+        learner_envs = 64
+    else:
+        base = str(ROOT / "configs/gpu.yaml")
+        batches, envs, updates, steps, mm = [1024, 4096, 16384], [4096, 65536], 50, 16, 8192
+        learner_envs = 4096
+    prepared = market_setup.prepare(config.load(base))
+    rate = matmul_rate(mm)
+    rows = []
+    for label, extra in (("all on", []), ("all off", ALL_OFF)):
+        compile_s = bench_compile(base, extra, prepared)
+        for b in batches:
+            ups, flops, lc = bench_learner(base, extra, b, updates, prepared, learner_envs)
+            rows.append(
+                (label, f"learner B={b}", f"{ups:,.0f} updates/s", f"{flops / 1e6:.1f} MFLOP/upd",
+                 f"{ups * flops / rate:.1%} of matmul", f"compile {lc:.1f}s")
+            )  # fmt: skip
+            print(rows[-1], flush=True)
+        for e in envs:
+            sps = bench_acting(base, extra, e, steps, prepared)
+            rows.append((label, f"acting E={e}", f"{sps:.3e} env steps/s", "", "", ""))
+            print(rows[-1], flush=True)
+        rows.append((label, "full iteration", "", "", "", f"compile {compile_s:.1f}s"))
+    print()
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; "
+          f"f32 matmul {mm}^3 default precision: {rate / 1e12:.1f} TFLOP/s")  # fmt: skip
+    print(f"{'components':<9} {'measurement':<17} {'throughput':<24} {'FLOPs':<18} "
+          f"{'efficiency':<18} compile")  # fmt: skip
+    for r in rows:
+        print(f"{r[0]:<9} {r[1]:<17} {r[2]:<24} {r[3]:<18} {r[4]:<18} {r[5]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""The training iteration: one pure function, compiled once by ``jax.jit``.
+
+    iteration(state, market) -> (state, metrics)
+
+reads like its table of contents:
+
+1. :func:`act` — ``K`` steps of ``E`` vmapped environments (acting scan): network → A2 blend →
+   M8–M11 coordination → A1 Boltzmann → A3 position scale → environment step.
+2. :func:`store` — n-step transitions (γⁿ bootstrap, stopped at episode ends) into the
+   prioritised replay with priority = max priority × selectivity (L8, M12).
+3. :func:`learn` — ``U`` learner updates (:func:`jaxdqn.learner.update`), once the replay holds
+   ``learning_starts`` transitions.
+
+Metrics are device arrays (means over the scans); nothing synchronises with the host. The market
+is an argument (not a baked constant), and the state is donated by :func:`make_iteration`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from jaxdqn import acting, learner
+from jaxdqn import env as env_lib
+from jaxdqn.support import support_grid
+from jaxdqn.train_state import Setup, TrainState
+
+
+class Rollout(NamedTuple):
+    """``K`` acting steps, leaves ``[K, E, ...]``."""
+
+    obs: chex.Array
+    actions: chex.Array
+    selectivity: chex.Array
+    reward: chex.Array
+    done: chex.Array
+    episode_return: chex.Array
+    position: chex.Array
+    traded: chex.Array
+
+
+def act(setup: Setup, state: TrainState, market: env_lib.MarketData):
+    """Acting scan: ``K`` decisions in each of the ``E`` environments."""
+    lc = setup.cfg.learner
+    v_min, delta_z = support_grid(state.support, setup.cfg.model.num_atoms)
+    step_env = jax.vmap(env_lib.step_autoreset, in_axes=(None, None, 0, 0, 0))
+
+    def body(carry, key):
+        env_state, obs = carry
+        d = acting.decide(
+            setup.model,
+            state.params,
+            obs,
+            v_min,
+            delta_z,
+            state.dynamics.iqn_readiness,
+            key,
+            iqn=lc.iqn_blend,
+            sizing=lc.position_sizing,
+        )
+        env_state, next_obs, reward, done, info = step_env(
+            setup.env_params, market, env_state, d.actions, d.scale
+        )
+        row = Rollout(
+            obs=obs,
+            actions=d.actions,
+            selectivity=d.selectivity,
+            reward=reward,
+            done=done,
+            episode_return=info["episode_return"],
+            position=info["position"],
+            traded=info["traded"],
+        )
+        return (env_state, next_obs), row
+
+    key, sub = jax.random.split(state.key)
+    (env_state, obs), rollout = jax.lax.scan(
+        body, (state.env, state.obs), jax.random.split(sub, lc.act_steps)
+    )
+    return state.replace(env=env_state, obs=obs, key=key), rollout
+
+
+def store(setup: Setup, state: TrainState, rollout: Rollout) -> TrainState:
+    """n-step transitions of the rollout into replay; updates the reward-std EMA (L5)."""
+    lc = setup.cfg.learner
+    action = {"a": rollout.actions, "sel": rollout.selectivity}
+    nstep_state, trans, valid = setup.nstep.update(
+        state.nstep, rollout.obs, action, rollout.reward, rollout.done, state.obs
+    )
+    flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
+    scale = flat.action["sel"] if setup.cfg.model.selectivity else jnp.ones_like(flat.reward)
+    replay_state = setup.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
+    dyn = state.dynamics
+    std = jnp.std(rollout.reward)
+    seeded = dyn.reward_std_ema > 0
+    reward_std_ema = jnp.where(
+        seeded, dyn.reward_std_ema + lc.stats_alpha * (std - dyn.reward_std_ema), std
+    )
+    return state.replace(
+        replay=replay_state,
+        nstep=nstep_state,
+        dynamics=dyn.replace(reward_std_ema=reward_std_ema),
+    )
+
+
+def learn(setup: Setup, state: TrainState):
+    """``U`` learner updates under ``lax.scan`` (skipped until the replay is warm)."""
+    lc = setup.cfg.learner
+    ready = state.replay.size >= lc.learning_starts
+
+    def run(s):
+        s, metrics = jax.lax.scan(lambda c, _: learner.update(setup, c), s, None, lc.updates)
+        return s, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+
+    shapes = jax.eval_shape(run, state)[1]
+    skip = lambda s: (s, jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes))
+    state, metrics = jax.lax.cond(ready, run, skip, state)
+    metrics["learning"] = ready.astype(jnp.float32)
+    return state, metrics
+
+
+def all_finite(tree: Any) -> chex.Array:
+    """Whether every element of every leaf is finite (bool scalar)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def iteration(
+    setup: Setup, state: TrainState, market: env_lib.MarketData
+) -> tuple[TrainState, dict[str, Any]]:
+    """act → store → learn; see the module docstring."""
+    state, rollout = act(setup, state, market)
+    state = store(setup, state, rollout)
+    state, metrics = learn(setup, state)
+    finished = rollout.done.astype(jnp.float32)
+    metrics.update(
+        reward_mean=rollout.reward.mean(),
+        reward_std_ema=state.dynamics.reward_std_ema,
+        episodes_done=finished.sum(),
+        episode_return_sum=jnp.sum(rollout.episode_return * finished),
+        position_abs_mean=jnp.abs(rollout.position).mean(),
+        traded_mean=rollout.traded.mean(),
+        selectivity_mean=rollout.selectivity.mean(),
+        replay_size=state.replay.size.astype(jnp.float32),
+        finite=all_finite(state.params)
+        & ((metrics["learning"] == 0) | jnp.isfinite(metrics["loss"])),
+    )
+    return state.replace(iteration=state.iteration + 1), metrics
+
+
+def make_iteration(setup: Setup, *, num_seeds: int | None = None):
+    """``jit(iteration)`` with the state donated; with ``num_seeds`` the state carries a leading
+    seed axis and the iteration is vmapped over it (the market is shared)."""
+    fn = lambda state, market: iteration(setup, state, market)
+    if num_seeds is not None:
+        fn = jax.vmap(fn, in_axes=(0, None))
+    return jax.jit(fn, donate_argnums=0)

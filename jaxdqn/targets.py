@@ -1,0 +1,131 @@
+"""Learner targets: the sampled next action and target distribution (L2), reward ranks (L5).
+
+Shapes: ``B`` batch, 4 branches, 3 actions, ``N`` atoms.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels
+
+TAU_REL_FLOOR = 0.01
+TAU_ABS_FLOOR = 1e-6
+
+
+def next_action_temperature(q_next: chex.Array) -> chex.Array:
+    """L2 temperature per branch: τ = max(Q'_gap, max(|mean Q'|·0.01, 1e-6)).
+
+    With τ equal to the gap, adjacent values keep a constant e:1 weight ratio whatever their
+    scale (τ = gap/3 made the target effectively argmax and froze learning in the seed system).
+
+    Args:
+      q_next: ``[..., 3]`` target-network E[Q'] of one branch.
+    Returns:
+      ``[...]`` temperatures.
+    """
+    gap = q_next.max(axis=-1) - q_next.min(axis=-1)
+    floor = jnp.maximum(jnp.abs(q_next.mean(axis=-1)) * TAU_REL_FLOOR, TAU_ABS_FLOOR)
+    return jnp.maximum(gap, floor)
+
+
+def sample_next_actions(key: chex.PRNGKey, q_next: chex.Array) -> chex.Array:
+    """L2: per sample and branch, a' ~ softmax(E[Q']/τ).
+
+    A fresh key every update keeps the target stochastic; a fixed key (or the deterministic
+    softmax mixture) makes the target a fixed point with zero gradient.
+
+    Args:
+      key: PRNG key, fresh each update.
+      q_next: ``[B, 4, 3]`` target-network expected values at s'.
+    Returns:
+      int32 ``[B, 4]``.
+    """
+    chex.assert_rank(q_next, 3)
+    tau = next_action_temperature(q_next)[..., None]
+    return jax.random.categorical(key, q_next / tau, axis=-1).astype(jnp.int32)
+
+
+class Target(NamedTuple):
+    """Projected target distributions and the scalar TD targets they imply."""
+
+    probs: chex.Array  # [B, 4, N] on the current support
+    td: chex.Array  # [B, 4] = r + γⁿ · E[Q'(s', a')]
+    next_actions: chex.Array  # [B, 4]
+
+
+def target_distribution(
+    key: chex.PRNGKey,
+    probs_next: chex.Array,
+    q_next: chex.Array,
+    reward: chex.Array,
+    discount: chex.Array,
+    v_min: chex.Array,
+    delta_z: chex.Array,
+    *,
+    backend: str = "auto",
+) -> Target:
+    """L2 + projection: the categorical target r + γⁿ·Z(s', a') on the current support.
+
+    The source atoms ``r + γⁿ z_j`` are projected onto ``v_min + i·Δz`` by
+    ``pallas_kernels.c51_project`` (P1; atoms outside the support clip to its ends). For a
+    terminal transition ``discount = 0`` and all the mass lands at the projection of ``r``.
+
+    Args:
+      key: fresh PRNG key.
+      probs_next: ``[B, 4, 3, N]`` target-network probabilities at s'.
+      q_next: ``[B, 4, 3]`` their expectations.
+      reward: ``[B]`` (n-step, possibly rank-normalised) returns.
+      discount: ``[B]`` γⁿ, or 0 where the episode ended inside the n steps.
+      v_min, delta_z: scalars of the current support.
+    """
+    chex.assert_rank([probs_next, q_next, reward, discount], [4, 3, 1, 1])
+    b, nb, _, n = probs_next.shape
+    a_next = sample_next_actions(key, q_next)
+    p = jnp.take_along_axis(probs_next, a_next[:, :, None, None], axis=2)[:, :, 0]  # [B,4,N]
+    z = v_min + delta_z * jnp.arange(n, dtype=probs_next.dtype)
+    atoms = reward[:, None, None] + discount[:, None, None] * z  # [B,1,N]
+    atoms = jnp.broadcast_to(atoms, (b, nb, n))
+    projected = pallas_kernels.c51_project(
+        jax.lax.stop_gradient(p).reshape(b * nb, n),
+        atoms.reshape(b * nb, n),
+        v_min,
+        delta_z,
+        backend=backend,
+    ).reshape(b, nb, n)
+    q_sel = jnp.take_along_axis(q_next, a_next[:, :, None], axis=2)[:, :, 0]
+    td = reward[:, None] + discount[:, None] * q_sel
+    return Target(jax.lax.stop_gradient(projected), jax.lax.stop_gradient(td), a_next)
+
+
+def average_ranks(x: chex.Array) -> chex.Array:
+    """0-based ranks of ``x`` ``[B]`` with ties given their average rank, in O(B log B)."""
+    s = jnp.sort(x)
+    left = jnp.searchsorted(s, x, side="left")
+    right = jnp.searchsorted(s, x, side="right")
+    return 0.5 * (left + right - 1).astype(x.dtype)
+
+
+def rank_normalise(reward: chex.Array, reward_std_ema: chex.Array, eps: float = 1e-8):
+    """L5: replace batch rewards by centred ranks with the scale of the observed reward std.
+
+    r̃_i = (rank_i − (B−1)/2) / std(rank) · σ_ema, ties averaged. Ranks make the learner
+    insensitive to fat-tailed rewards while σ_ema keeps their scale. While σ_ema ≈ 0 (before any
+    reward was observed) the raw rewards pass through, since scaling by ≈0 would erase them.
+
+    Args:
+      reward: ``[B]``.
+      reward_std_ema: scalar.
+    Returns:
+      ``[B]`` normalised rewards.
+    """
+    chex.assert_rank(reward, 1)
+    ranks = average_ranks(reward)
+    centred = ranks - ranks.mean()
+    scale = jnp.sqrt(jnp.mean(centred**2))
+    normalised = jnp.where(scale > 0, centred / jnp.maximum(scale, eps), 0.0) * reward_std_ema
+    return jnp.where(reward_std_ema > eps, normalised, reward)
