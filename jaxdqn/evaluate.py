@@ -278,7 +278,8 @@ def _main(argv) -> int:
     )
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/eval)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_args(argv)
+    # intermixed: overrides may follow options (RUN_DIR --split test data.path=x.csv)
+    args = parser.parse_intermixed_args(argv)
 
     run_dir = Path(args.run_dir)
     saved = run_dir / "config.yaml"

@@ -1,0 +1,103 @@
+"""``python -m jaxdqn.train [--config PATH] [--run-dir DIR] [--resume DIR] [key=value ...]``
+
+Trains the agent (default: the CPU-sized config on the bundled S&P 500 bars) and writes a run
+directory: ``config.yaml``, ``metrics.jsonl``, TensorBoard files under ``tb/``,
+``checkpoints/``, ``eval_val.csv``, ``eval_test.csv``, ``baselines_test.csv``,
+``summary.json`` and ``report.md`` with its plots.
+
+``--resume DIR`` continues a run from its latest checkpoint with the config saved in the run
+(``train.epochs=N`` may be raised to train longer; other overrides are refused). SIGINT saves a
+checkpoint and exits with code 130. Bad config or data: one line on stderr, exit code 2. A run
+that cannot go on (repeated non-finite losses, no restorable checkpoint): exit code 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jaxdqn import cli
+from jaxdqn import config as config_lib
+from jaxdqn.config import ConfigError
+
+RESUMABLE_KEYS = ("train.epochs",)
+
+
+def _resume_config(run_dir: Path, overrides: Sequence[str]) -> config_lib.Config:
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a jaxdqn run directory)")
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key not in RESUMABLE_KEYS:
+            raise ConfigError(
+                f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)})"
+            )
+    return config_lib.load(saved, overrides)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = cli.make_parser("python -m jaxdqn.train", "Train the branching C51 DQN trading agent.")
+    parser.add_argument(
+        "--run-dir",
+        metavar="DIR",
+        default=None,
+        help="new run directory (default: runs/<timestamp>)",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="DIR",
+        default=None,
+        help="continue the run in DIR from its latest checkpoint",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="plain log lines instead of the progress bar"
+    )
+    args = parser.parse_args(argv)
+
+    # Imported here so that --help and config errors answer without loading JAX programs.
+    from jaxdqn import checkpoint, loop
+
+    if args.resume is not None:
+        if args.config is not None or args.run_dir is not None:
+            raise ConfigError(
+                "--resume: takes the run's own config and directory; drop --config/--run-dir"
+            )
+        run_dir = Path(args.resume)
+        cfg = _resume_config(run_dir, args.overrides)
+    else:
+        cfg = cli.load_config(args)
+        run_dir = loop.choose_run_dir(args.run_dir)
+    try:
+        trainer = loop.Trainer(
+            cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress
+        )
+        print(f"run directory: {run_dir}", flush=True)
+        summary = trainer.run()
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: checkpoint saved in {run_dir / 'checkpoints'}; "
+            f"continue with: python -m jaxdqn.train --resume {run_dir}",
+            file=sys.stderr,
+        )
+        return 130
+    except (loop.TrainingError, checkpoint.CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    test = summary["test"]
+    bh = summary["baselines"].get("buy_and_hold", {}).get("test", {})
+    print(
+        f"done: best epoch {summary['best_epoch']}, test Sharpe {test['sharpe']:.3f} "
+        f"(buy-and-hold {bh.get('sharpe', float('nan')):.3f}); report: {run_dir / 'report.md'}",
+        flush=True,
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.run_main("jaxdqn.train", _main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""The training program (issue 6): end to end, resume, SIGINT, plateau actions, rewind, faults,
+user errors and compilation count. Runs on the smoke config."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxdqn import checkpoint, config, iteration, loop, optim
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+FAST = ["train.epochs=4", "train.iterations_per_epoch=3"]
+VOLATILE = ("wall_time", "env_steps_per_s", "updates_per_s")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _train(args, cwd, **kw):
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, **kw)
+
+
+def _records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One uninterrupted smoke run (also the reference of the resume test)."""
+    cwd = tmp_path_factory.mktemp("full")
+    res = _train(["--config", str(SMOKE), "--run-dir", "run", *FAST], cwd, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return cwd / "run", res
+
+
+def test_e3_training_writes_every_output(full_run):
+    run, res = full_run
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "eval_val.csv",
+        "eval_test.csv",
+        "baselines_test.csv",
+        "summary.json",
+        "report.md",
+        "equity_test.png",
+        "drawdown_test.png",
+        "losses.png",
+        "val_sharpe.png",
+        "learning_rate.png",
+        "q_gap.png",
+        "atom_utilisation.png",
+    ):
+        assert (run / name).is_file(), name
+    assert any((run / "tb").rglob("*tfevents*"))
+    records = _records(run)
+    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
+    for key in (
+        "loss",
+        "lr",
+        "val_sharpe",
+        "plateau_epochs",
+        "detector",
+        "frozen",
+        "action",
+        "rewinds",
+        "checkpoints",
+        "q_gap",
+        "atom_utilisation",
+    ):
+        assert key in records[-1], key
+    ckpt_steps = [p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    assert records[-1]["checkpoints"] == len(ckpt_steps)
+    summary = json.loads((run / "summary.json").read_text())
+    assert {"best_epoch", "val", "test", "baselines", "wall_time_s"} <= set(summary)
+    assert "buy_and_hold" in summary["baselines"]
+    assert np.isfinite(summary["test"]["annual_volatility"])
+    assert "epoch 4/4" in res.stderr + res.stdout  # plain progress lines when not a terminal
+    assert "report.md" in res.stdout
+
+
+def test_o6_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
+    ref, _ = full_run
+    args = ["--config", str(SMOKE), "--run-dir", "run", *FAST]
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    step_after_epoch_2 = tmp_path / "run" / "checkpoints" / "6"
+    deadline = time.time() + 600
+    while not step_after_epoch_2.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert step_after_epoch_2.exists()
+    res = _train(["--resume", "run"], tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _records(tmp_path / "run") == _records(ref)
+    a = json.loads((ref / "summary.json").read_text())
+    b = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert a["val"] == b["val"] and a["test"] == b["test"] and a["best_epoch"] == b["best_epoch"]
+
+
+def test_o6_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
+    args = [
+        "--config",
+        str(SMOKE),
+        "--run-dir",
+        "run",
+        "train.epochs=50",
+        "train.iterations_per_epoch=3",
+    ]
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 600
+    while (not log.exists() or not log.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-2000:]
+    assert "--resume" in err
+    ckpt = checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", keep_latest=2, keep_best=3)
+    latest = ckpt.latest_step()
+    assert latest is not None and latest > 3  # saved after the interrupt, past epoch 1
+    ckpt.close()
+
+
+def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path):
+    res = _train(["nope.key=1"], tmp_path, timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "nope" in res.stderr
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "date,open,high,low,close,volume\n2020-01-01,1,2,0.5,1,10\n2020-01-01,1,2,0.5,1,10\n"
+    )
+    res = _train(["data.source=csv", f"data.path={bad}"], tmp_path, timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "bad.csv" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_e3_existing_run_dir_is_never_overwritten(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "mine.txt").write_text("keep")
+    res = _train(["--run-dir", "run"], tmp_path, timeout=300)
+    assert res.returncode == 2 and "already exists" in res.stderr
+    assert (tmp_path / "run" / "mine.txt").read_text() == "keep"
+
+
+def _trainer(tmp_path, extra=()):
+    cfg = config.load(SMOKE, [*FAST, *extra])
+    return loop.Trainer(cfg, tmp_path / "run", progress=False)
+
+
+def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
+    traces = []
+    real = iteration.iteration
+
+    def counted(setup, state, market):
+        traces.append(1)
+        return real(setup, state, market)
+
+    monkeypatch.setattr(iteration, "iteration", counted)
+    # A Sharpe tolerance no change can beat: every epoch after the first is a plateau, so the
+    # branch reset (O4) fires at epoch 2 and the rewind (O6) at epoch 5. SGDR restarts every 2
+    # epochs change the learning rate and scale the moments (O2, O3).
+    trainer = _trainer(
+        tmp_path,
+        [
+            "train.epochs=6",
+            "train.plateau_threshold=1",
+            "train.plateau_sharpe_eps=1e9",
+            "train.sgdr_period=2",
+        ],
+    )
+    seen = {}
+    real_rewind = trainer.rewind
+
+    def rewind(state, host, ckpt):
+        best, _, _ = ckpt.restore("best", state)
+        out = real_rewind(state, host, ckpt)
+        # host copies: the loop donates `out` (whose buffers `best` shares) to the next iteration
+        seen["best"], seen["out"] = jax.device_get(best), jax.device_get(out)
+        return out
+
+    trainer.rewind = rewind
+    trainer.run()
+    assert len(traces) == 1  # lr changes, restarts, O3/O4, host scalars: one compilation
+    records = _records(tmp_path / "run")
+    actions = [r["action"] for r in records]
+    assert actions == ["none", "reset_branches", "none", "none", "rewind", "none"]
+    # after the rewind the detectors start afresh (no previous epoch to compare with)
+    assert [r["plateau_epochs"] for r in records] == [0, 1, 2, 3, 4, 0]
+    assert records[1]["detector"] in ("sharpe", "both")
+    assert [r["restart"] for r in records] == [False, False, True, False, True, False]
+    assert records[4]["rewinds"] == 1
+    # the rewound parameters are exactly the best checkpoint's
+    for a, b in zip(
+        jax.tree.leaves(seen["best"].params), jax.tree.leaves(seen["out"].params), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(seen["best"].key, seen["out"].key)  # a new key was folded in
+    # after the rewind the LR cycle restarts at the base rate
+    assert records[5]["lr"] == pytest.approx(trainer.cfg.learner.lr)
+
+
+def _partition(opt_state, name):
+    found = []
+    is_mt = lambda n: isinstance(n, optax.MultiTransformState)
+    jax.tree.map(
+        lambda n: found.append(n.inner_states[name]) if is_mt(n) else None, opt_state, is_leaf=is_mt
+    )
+    return found[0]
+
+
+def test_o4_branch_reset_zeroes_branch_moments_only(tmp_path):
+    state = _trainer(tmp_path).init_state()  # leading seed axis, as the loop holds it
+    bumped = jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
+    reset = jax.vmap(optim.reset_branch_moments)(bumped)
+    adam = lambda part: [
+        n
+        for n in jax.tree.leaves(part, is_leaf=lambda n: isinstance(n, optax.ScaleByAdamState))
+        if isinstance(n, optax.ScaleByAdamState)
+    ]
+    (branches,) = adam(_partition(reset, "branches"))
+    assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves((branches.mu, branches.nu)))
+    assert (np.asarray(branches.count) == 0).all()
+    for name in ("trunk", "aux"):
+        for a, b in zip(
+            jax.tree.leaves(_partition(reset, name)),
+            jax.tree.leaves(_partition(bumped, name)),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
+    trainer = _trainer(tmp_path, ["train.epochs=3"])
+    real = trainer.iterate
+    calls = {"n": 0}
+
+    def poisoned(state, market):
+        state, metrics = real(state, market)
+        calls["n"] += 1
+        if calls["n"] == 4:  # the first iteration of epoch 2
+            state = state.replace(params=jax.tree.map(lambda x: x * np.nan, state.params))
+            metrics = dict(metrics, finite=metrics["finite"] & False)
+        return state, metrics
+
+    trainer.iterate = poisoned
+    summary = trainer.run()
+    assert summary["fault_events"] == 1
+    records = _records(tmp_path / "run")
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert all(np.isfinite(r["loss"]) for r in records if r["loss"] is not None)
+    assert "non-finite" in (tmp_path / "run" / "events.log").read_text()
+
+
+def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
+    trainer = _trainer(tmp_path, ["train.max_faults=2"])
+    real = trainer.iterate
+
+    def always_bad(state, market):
+        state, metrics = real(state, market)
+        return state, dict(metrics, finite=metrics["finite"] & False)
+
+    trainer.iterate = always_bad
+    with pytest.raises(loop.TrainingError, match="2 consecutive"):
+        trainer.run()
+
+
+def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, tmp_path):
+    run, _ = full_run
+    cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test",
+           "--out", str(tmp_path / "ev")]  # fmt: skip
+    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads((tmp_path / "ev" / "metrics_test.json").read_text())["seeds"][0]
+    summary = json.loads((run / "summary.json").read_text())
+    for k in ("sharpe", "max_drawdown", "annual_return", "turnover"):
+        assert got[k] == pytest.approx(summary["test"][k], rel=1e-12, abs=1e-12), k
+    assert (tmp_path / "ev" / "eval_test.csv").is_file()
+    # another instrument through data overrides (here the synthetic market)
+    other = [*cmd[:-1], str(tmp_path / "ev2"), "data.source=synthetic", "data.split=fraction"]
+    res = subprocess.run(other, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "ev2" / "eval_test.csv").is_file()
+    bad = [*cmd, "model.sh1=7"]
+    res = subprocess.run(bad, env=_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "model.sh1" in res.stderr
