@@ -476,7 +476,7 @@ class Trainer:
                 res = self.walk(best, split, s)
                 logs[split].append(res.log)
                 seed_metrics[split] = res.metrics
-            per_seed.append(seed_metrics)
+            per_seed.append({"seed": s, **seed_metrics})
         for split, frames in logs.items():
             report.write_eval_log(self.run_dir / f"eval_{split}.csv", frames)
         base_logs: dict[tuple[str, str], pd.DataFrame] = {}

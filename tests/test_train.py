@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import optax
+import pandas as pd
 import pytest
 
 from jaxdqn import checkpoint, config, iteration, loop, optim
@@ -306,3 +307,21 @@ def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, 
     bad = [*cmd, "model.sh1=7"]
     res = subprocess.run(bad, env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and "model.sh1" in res.stderr
+
+
+def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed(tmp_path):
+    trainer = _trainer(tmp_path, ["train.num_seeds=2", "train.epochs=2"])
+    summary = trainer.run()
+    assert [s["seed"] for s in summary["seeds"]] == [0, 1]
+    sharpes = [s["test"]["sharpe"] for s in summary["seeds"]]
+    assert summary["test"]["sharpe"] == pytest.approx(np.mean(sharpes))
+    frame = pd.read_csv(tmp_path / "run" / "eval_test.csv")
+    assert set(frame["seed"]) == {0, 1}
+    records = _records(tmp_path / "run")
+    assert len(records[-1]["val_sharpe_seeds"]) == 2
+    assert np.asarray(records[-1]["q_gap"]).shape == (2, 4)
+    ckpt = checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", keep_latest=2, keep_best=3)
+    state, _, _ = ckpt.restore("latest", trainer.init_state())
+    ckpt.close()
+    assert all(x.shape[0] == 2 for x in jax.tree.leaves(state.params))
+    assert "2 seeds" in (tmp_path / "run" / "report.md").read_text()
