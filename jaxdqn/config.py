@@ -240,6 +240,12 @@ class LearnerConfig:
     replay_capacity: int = _f(32768, "replay capacity in transitions", lo=16)
     learning_starts: int = _f(1024, "transitions in replay before the first update", lo=1)
     gamma: float = _f(0.99, "discount per bar", lo=0.0, hi=1.0)
+    reward_scale: float = _f(
+        1.0,
+        "learning rewards = reward_scale x log equity return (Q in those units; A1's tau floor "
+        "of 0.01 is in them too)",
+        lo=1e-6,
+    )
     n_step: int = _f(3, "n of the n-step return (bootstrap with gamma^n)", lo=1, hi=64)
     lr: float = _f(
         3.0e-4, "O1/O2: base learning rate of the main Adam (trunk and branches)", lo=0.0

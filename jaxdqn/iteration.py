@@ -87,14 +87,15 @@ def store(setup: Setup, state: TrainState, rollout: Rollout) -> TrainState:
     """n-step transitions of the rollout into replay; updates the reward-std EMA (L5)."""
     lc = setup.cfg.learner
     action = {"a": rollout.actions, "sel": rollout.selectivity}
+    reward = rollout.reward * lc.reward_scale
     nstep_state, trans, valid = setup.nstep.update(
-        state.nstep, rollout.obs, action, rollout.reward, rollout.done, state.obs
+        state.nstep, rollout.obs, action, reward, rollout.done, state.obs
     )
     flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
     scale = flat.action["sel"] if setup.cfg.model.selectivity else jnp.ones_like(flat.reward)
     replay_state = setup.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
     dyn = state.dynamics
-    std = jnp.std(rollout.reward)
+    std = jnp.std(reward)
     seeded = dyn.reward_std_ema > 0
     reward_std_ema = jnp.where(
         seeded, dyn.reward_std_ema + lc.stats_alpha * (std - dyn.reward_std_ema), std

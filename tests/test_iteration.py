@@ -142,3 +142,24 @@ def test_l8_seed_population_member_equals_single_seed_run():
     np.testing.assert_array_equal(pop.replay.storage.action["a"][1], one.replay.storage.action["a"])
     for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
         np.testing.assert_allclose(a[1], b, rtol=1e-4, atol=1e-6)
+
+
+def test_l1_reward_scale_multiplies_the_learning_rewards():
+    def stored(scale):
+        cfg = config.load(
+            CONFIGS / "smoke.yaml", ["learner.num_envs=4", f"learner.reward_scale={scale}"]
+        )
+        p = market_setup.prepare(cfg)
+        lo, hi = p.bar_range("train")
+        setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
+        state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(3))
+        state = jax.jit(lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)))(
+            state, p.market
+        )
+        return np.asarray(state.replay.storage.reward), float(state.dynamics.reward_std_ema)
+
+    r1, s1 = stored(1.0)
+    r100, s100 = stored(100.0)
+    assert np.abs(r1).max() > 0
+    np.testing.assert_allclose(r100, 100.0 * r1, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(s100, 100.0 * s1, rtol=1e-5)
