@@ -16,7 +16,6 @@ is in every checkpoint, so a resumed run continues bit-exactly.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import signal
 import time
@@ -83,10 +82,6 @@ class HostState:
         d = dict(d)
         d["best_sharpe"] = -math.inf if d.get("best_sharpe") is None else d["best_sharpe"]
         return cls(**d)
-
-
-def _sharpe_key(x: float) -> float:
-    return x if math.isfinite(x) else -math.inf
 
 
 def choose_run_dir(run_dir: str | None, root: str = "runs") -> Path:
@@ -381,7 +376,7 @@ class Trainer:
         # After a rewind the state saved below is the restored best one, not the state that was
         # validated: its checkpoint carries no metric (NaN never ranks as best).
         rewound = rep.action == "rewind"
-        metric = _sharpe_key(val_sharpe)
+        metric = checkpoint.score(val_sharpe)
         if not rewound and (metric > host.best_sharpe or host.best_epoch < 0):
             host.best_sharpe, host.best_epoch = metric, host.epoch
             host.best_step = host.total_iterations
@@ -513,7 +508,3 @@ class Trainer:
         report.write_summary(self.run_dir, summary)
         report.write_report(self.run_dir)
         return summary
-
-
-def dumps(summary: dict[str, Any]) -> str:
-    return json.dumps(summary, indent=2, default=float)
