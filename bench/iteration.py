@@ -23,15 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxdqn import config, iteration, learner, market_setup, train_state  # noqa: E402
 
-ALL_OFF = [
-    "model.vsn=false", "model.kan=false", "model.dir_conditioning=false",
-    "model.q_centering=false", "model.q_attention=false", "model.graph=false",
-    "model.denoiser=false", "model.selectivity=false", "model.xlstm=false",
-    "model.liquid=false", "learner.spread=false", "learner.entropy=false",
-    "learner.rank_rewards=false", "learner.aux_training=false",
-    "learner.adaptive_support=false", "learner.iqn_blend=false",
-    "learner.position_sizing=false",
-]  # fmt: skip
+ALL_OFF = list(config.ALL_OFF)
 
 
 def timed(fn, *args, repeats: int = 5):

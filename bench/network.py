@@ -33,21 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pallas_kernels
 from jaxdqn import network as N
-from jaxdqn.config import ModelConfig
+from jaxdqn.config import MODEL_SWITCHES, ModelConfig
 from jaxdqn.xlstm import batch_statistics
 
-OFF = dict(
-    vsn=False,
-    kan=False,
-    dir_conditioning=False,
-    q_centering=False,
-    q_attention=False,
-    graph=False,
-    denoiser=False,
-    selectivity=False,
-    xlstm=False,
-    liquid=False,
-)
+OFF = dict.fromkeys(MODEL_SWITCHES, False)
 
 
 def make_fns(model: N.Model, batch: int, iters: int):

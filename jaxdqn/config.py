@@ -22,6 +22,9 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "ALL_OFF",
+    "LEARNER_SWITCHES",
+    "MODEL_SWITCHES",
     "BaselineConfig",
     "Config",
     "ConfigError",
@@ -326,6 +329,35 @@ class Config:
 
     def __post_init__(self):
         _check_cross_fields(self)
+
+
+#: Component switches (SPEC M and L/A groups). All of them off gives the plain branching
+#: dueling C51 baseline of the ablations (prioritised replay, L8, stays as configured).
+MODEL_SWITCHES = (
+    "vsn",
+    "kan",
+    "dir_conditioning",
+    "q_centering",
+    "q_attention",
+    "graph",
+    "denoiser",
+    "selectivity",
+    "xlstm",
+    "liquid",
+)
+LEARNER_SWITCHES = (
+    "spread",
+    "entropy",
+    "rank_rewards",
+    "aux_training",
+    "adaptive_support",
+    "iqn_blend",
+    "position_sizing",
+)
+ALL_OFF = tuple(f"model.{k}=false" for k in MODEL_SWITCHES) + tuple(
+    f"learner.{k}=false" for k in LEARNER_SWITCHES
+)
+"""Overrides that switch every component off (``load(path, [*ALL_OFF, ...])``)."""
 
 
 def _check_cross_fields(cfg: Config) -> None:

@@ -100,3 +100,14 @@ def test_config_describe_lists_every_leaf_with_help():
 def test_config_default_yaml_is_generated_from_the_dataclasses():
     text = (CONFIGS / "default.yaml").read_text()
     assert text == C.DEFAULT_HEADER + C.commented_yaml() + "\n"
+
+
+def test_config_all_off_switches_every_component():
+    cfg = C.load(None, list(C.ALL_OFF))
+    assert not any(getattr(cfg.model, k) for k in C.MODEL_SWITCHES)
+    assert not any(getattr(cfg.learner, k) for k in C.LEARNER_SWITCHES)
+    on = C.Config()
+    assert all(getattr(on.model, k) for k in C.MODEL_SWITCHES)  # default: all on
+    assert all(getattr(on.learner, k) for k in C.LEARNER_SWITCHES)
+    bools = {f.name for f in C.dataclasses.fields(C.ModelConfig) if f.type in (bool, "bool")}
+    assert bools == set(C.MODEL_SWITCHES)  # no model switch is missing from the list

@@ -19,7 +19,7 @@ from absl.testing import parameterized
 
 from jaxdqn import distribution as D
 from jaxdqn import network as N
-from jaxdqn.config import ModelConfig
+from jaxdqn.config import MODEL_SWITCHES, ModelConfig
 from pallas_kernels import kan_gate_reference
 
 OBS_DIM = 24
@@ -33,19 +33,7 @@ CFG = ModelConfig(
     denoise_hidden=8,
     xlstm_hidden=4,
 )
-ALL_OFF = dataclasses.replace(
-    CFG,
-    vsn=False,
-    kan=False,
-    dir_conditioning=False,
-    q_centering=False,
-    q_attention=False,
-    graph=False,
-    denoiser=False,
-    selectivity=False,
-    xlstm=False,
-    liquid=False,
-)
+ALL_OFF = dataclasses.replace(CFG, **dict.fromkeys(MODEL_SWITCHES, False))
 V_MIN, DZ = -1.0, 0.2
 
 
