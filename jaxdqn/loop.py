@@ -42,6 +42,7 @@ from jaxdqn import (
 from jaxdqn import config as config_lib
 from jaxdqn import logger as logger_lib
 from jaxdqn.config import Config
+from jaxdqn.support import support_grid
 
 __all__ = ["HostState", "Trainer", "TrainingError", "choose_run_dir"]
 
@@ -160,6 +161,8 @@ class Trainer:
         self.setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
         self.num_seeds = cfg.train.num_seeds
         self.iterate = iteration.make_iteration(self.setup, num_seeds=self.num_seeds)
+        # One jitted initialiser: also the restore template of run, finish and evaluate.
+        self._init = train_state.make_init(self.setup, num_seeds=self.num_seeds)
         self.policy = acting.make_eval_policy(
             self.setup.model, iqn=cfg.learner.iqn_blend, sizing=cfg.learner.position_sizing
         )
@@ -179,8 +182,7 @@ class Trainer:
         return jax.random.split(jax.random.PRNGKey(self.cfg.seed), self.num_seeds)
 
     def init_state(self) -> train_state.TrainState:
-        init = train_state.make_init(self.setup, num_seeds=self.num_seeds)
-        return init(self.prepared.market, self.seed_keys())
+        return self._init(self.prepared.market, self.seed_keys())
 
     @staticmethod
     def fold_key(state: train_state.TrainState, salt: int) -> train_state.TrainState:
@@ -189,10 +191,7 @@ class Trainer:
     def seed_params(self, state: train_state.TrainState, s: int):
         """``(params, v_min, Δz, readiness)`` of seed ``s`` for the evaluation policy."""
         take = lambda x: x[s]
-        sup = jax.tree.map(take, state.support)
-        n = self.cfg.model.num_atoms
-        v_min = sup.centre - sup.half_width
-        dz = 2.0 * sup.half_width / (n - 1)
+        v_min, dz = support_grid(jax.tree.map(take, state.support), self.cfg.model.num_atoms)
         return (
             jax.tree.map(take, state.params),
             v_min,
@@ -218,9 +217,7 @@ class Trainer:
 
     def validate(self, state) -> tuple[list[evaluate.EvalResult], np.ndarray]:
         results = [self.walk(state, "val", s) for s in range(self.num_seeds)]
-        n = self.cfg.model.num_atoms
-        v_min = state.support.centre - state.support.half_width
-        dz = 2.0 * state.support.half_width / (n - 1)
+        v_min, dz = support_grid(state.support, self.cfg.model.num_atoms)  # [S] each
         spread = np.asarray(self._spread(state.params, v_min, dz))
         return results, spread
 
