@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from jaxdqn import env as E
 from jaxdqn.config import EnvConfig
+from jaxdqn.market import env as E
 
 
 def synthetic_market(num_bars: int, num_features: int, seed: int = 0) -> E.MarketData:

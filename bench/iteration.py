@@ -21,7 +21,9 @@ import jax.numpy as jnp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jaxdqn import config, iteration, learner, market_setup, train_state  # noqa: E402
+from jaxdqn import config, train_state  # noqa: E402
+from jaxdqn.agent import iteration, learner
+from jaxdqn.market import market as market_setup
 
 ALL_OFF = list(config.ALL_OFF)
 

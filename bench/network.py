@@ -32,9 +32,9 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pallas_kernels
-from jaxdqn import network as N
 from jaxdqn.config import MODEL_SWITCHES, ModelConfig
-from jaxdqn.xlstm import batch_statistics
+from jaxdqn.model import network as N
+from jaxdqn.model.xlstm import batch_statistics
 
 OFF = dict.fromkeys(MODEL_SWITCHES, False)
 

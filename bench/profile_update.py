@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.iteration import build, fill_replay  # noqa: E402
-from jaxdqn import learner, train_state  # noqa: E402
+from jaxdqn import train_state  # noqa: E402
+from jaxdqn.agent import learner
 
 LAUNCHING = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "dynamic-update-slice")
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxdqn.replay import make_prioritised_replay
+from jaxdqn.agent.replay import make_prioritised_replay
 
 
 def item_spec(obs_dim: int) -> dict:

@@ -17,9 +17,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from jaxdqn import cli
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
+from jaxdqn.program import cli
 
 RESUMABLE_KEYS = ("train.epochs",)
 
@@ -57,7 +57,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
 
     # Imported here so that --help and config errors answer without loading JAX programs.
-    from jaxdqn import checkpoint, loop
+    from jaxdqn.program import checkpoint, loop
 
     if args.resume is not None:
         if args.config is not None or args.run_dir is not None:

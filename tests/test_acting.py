@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn import acting
+from jaxdqn.agent import acting
 
 
 def test_a1_temperature_is_spread_with_floor():

@@ -14,7 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxdqn import baselines, config, evaluate, market_setup
+from jaxdqn import config
+from jaxdqn.evaluation import baselines
+from jaxdqn.evaluation import walk as evaluate
+from jaxdqn.market import market as market_setup
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = (
@@ -176,7 +179,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     )
     return subprocess.run(
-        [sys.executable, "-m", "jaxdqn.baselines", *args],
+        [sys.executable, "-m", "jaxdqn.evaluation.baselines", *args],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdqn import coordination as C
 from jaxdqn.config import ModelConfig
+from jaxdqn.model import coordination as C
 
 CFG = ModelConfig(denoise_hidden=8)
 B = 5

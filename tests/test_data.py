@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxdqn import data
 from jaxdqn.config import DataConfig, SyntheticConfig
-from jaxdqn.data import COLUMNS, DataError
+from jaxdqn.market import data
+from jaxdqn.market.data import COLUMNS, DataError
 
 # Ten hand-written consistent daily bars (Mon 2020-01-06 .. Fri 2020-01-17).
 GOOD = """date,open,high,low,close,volume

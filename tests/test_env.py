@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxdqn import env as E
 from jaxdqn.config import Config, ConfigError, EnvConfig
+from jaxdqn.market import env as E
 
 HS, COMM = 5e-4, 2e-4  # half-spread and commission used by the hand-built tests
 SIGMA = 0.0625  # exact in binary: limit prices below are exact float32 numbers
@@ -673,7 +673,7 @@ def test_e1_starts_stay_inside_the_split_and_depend_on_the_key():
 # ---------------------------------------------------------------------------------------------
 
 
-class _Features(NamedTuple):  # the fields of jaxdqn.features.Features that make_market reads
+class _Features(NamedTuple):  # the fields of jaxdqn.market.features.Features that make_market reads
     values: np.ndarray
     sigma: np.ndarray
     warmup: int

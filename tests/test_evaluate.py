@@ -10,7 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxdqn import config, env, evaluate, market_setup, metrics
+from jaxdqn import config
+from jaxdqn.evaluation import metrics
+from jaxdqn.evaluation import walk as evaluate
+from jaxdqn.market import env
+from jaxdqn.market import market as market_setup
 
 
 @functools.cache

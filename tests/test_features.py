@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from jaxdqn import data
-from jaxdqn import features as F
 from jaxdqn.config import DataConfig, FeatureConfig, SyntheticConfig
-from jaxdqn.data import COLUMNS, DataError
+from jaxdqn.market import data
+from jaxdqn.market import features as F
+from jaxdqn.market.data import COLUMNS, DataError
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn import config, iteration, learner, market_setup, optim, train_state
+from jaxdqn import config
+from jaxdqn.agent import iteration, learner, optim
+from jaxdqn.agent import state as train_state
+from jaxdqn.market import market as market_setup
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

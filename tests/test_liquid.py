@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn import liquid as L
+from jaxdqn.agent import liquid as L
 from jaxdqn.config import ConfigError, ModelConfig
 
 CFG = ModelConfig()

@@ -1,4 +1,4 @@
-"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display (jaxdqn.logger)."""
+"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display (jaxdqn.program.logger)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn import logger
-from jaxdqn.logger import LogError, Progress, RunLogger, read_metrics
+from jaxdqn.program import logger
+from jaxdqn.program.logger import LogError, Progress, RunLogger, read_metrics
 
 
 def _strict_lines(path: Path) -> list[dict]:

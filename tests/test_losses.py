@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxdqn import losses as L
+from jaxdqn.agent import losses as L
 
 
 def test_l1_cross_entropy_matches_hand_computation():

@@ -9,7 +9,8 @@ import empyrical
 import numpy as np
 import pytest
 
-from jaxdqn import data, metrics
+from jaxdqn.evaluation import metrics
+from jaxdqn.market import data
 
 PPY = 252
 

@@ -17,9 +17,9 @@ import optax
 import pytest
 from absl.testing import parameterized
 
-from jaxdqn import distribution as D
-from jaxdqn import network as N
 from jaxdqn.config import MODEL_SWITCHES, ModelConfig
+from jaxdqn.model import distribution as D
+from jaxdqn.model import network as N
 from pallas_kernels import kan_gate_reference
 
 OBS_DIM = 24
@@ -523,7 +523,7 @@ def test_network_jit_grad_of_whole_model_is_finite():
         out = model.apply(p, obs, -2.0, 4.0 / 50)
         ce = -jnp.mean(jnp.sum(target * jax.nn.log_softmax(out.logits), -1))
         coord = model.coordinate(p, out.q_mean)
-        from jaxdqn.xlstm import batch_statistics
+        from jaxdqn.model.xlstm import batch_statistics
 
         xl, _ = model.xlstm.prediction_loss(p["xlstm"], state, batch_statistics(out.q_mean), 0.1)
         return ce + jnp.mean(coord.q**2) + jnp.mean(out.selectivity) + xl + jnp.mean(out.quantiles)

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxdqn.optim import (
+from jaxdqn.agent.optim import (
     get_learning_rate,
     is_restart,
     label_by_path,

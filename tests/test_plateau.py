@@ -8,7 +8,7 @@ import math
 import pytest
 
 from jaxdqn.config import TrainConfig
-from jaxdqn.plateau import PlateauState, after_rewind, observe
+from jaxdqn.program.plateau import PlateauState, after_rewind, observe
 
 # Binary-exact numbers throughout, so every velocity and Sharpe delta below is exact.
 CFG = TrainConfig(plateau_threshold=2, plateau_velocity_eps=0.25, plateau_sharpe_eps=0.125)

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdqn.agent.nstep import make_nstep_accumulator, nstep_targets
+from jaxdqn.agent.replay import make_prioritised_replay, tree_search
 from jaxdqn.config import ConfigError
-from jaxdqn.nstep import make_nstep_accumulator, nstep_targets
-from jaxdqn.replay import make_prioritised_replay, tree_search
 
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32), "a": jax.ShapeDtypeStruct((), jnp.int32)}
 

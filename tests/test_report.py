@@ -1,4 +1,4 @@
-"""E3 outputs: summary.json, baseline equity files and report.md with its plots (jaxdqn.report)."""
+"""E3 outputs: summary.json, baseline equity files and report.md with its plots (jaxdqn.program.report)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from jaxdqn import config
-from jaxdqn.evaluate import LOG_COLUMNS
-from jaxdqn.logger import RunLogger
-from jaxdqn.report import (
+from jaxdqn.evaluation.walk import LOG_COLUMNS
+from jaxdqn.program.logger import RunLogger
+from jaxdqn.program.report import (
     _Markers,
     drawdown,
     read_baseline_equity,

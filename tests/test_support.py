@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdqn import support as S
+from jaxdqn.agent import support as S
 
 
 def test_l7_grid_spans_centre_plus_minus_half():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.stats
 
-from jaxdqn import targets as T
+from jaxdqn.agent import targets as T
 
 
 def test_l2_tau_floor():

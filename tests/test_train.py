@@ -15,7 +15,9 @@ import optax
 import pandas as pd
 import pytest
 
-from jaxdqn import checkpoint, config, iteration, loop, optim
+from jaxdqn import config
+from jaxdqn.agent import iteration, optim
+from jaxdqn.program import checkpoint, loop
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -290,7 +292,7 @@ def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
 
 def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, tmp_path):
     run, _ = full_run
-    cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test",
+    cmd = [sys.executable, "-m", "jaxdqn.evaluation.walk", str(run), "--split", "test",
            "--out", str(tmp_path / "ev")]  # fmt: skip
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

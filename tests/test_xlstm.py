@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdqn import xlstm as X
 from jaxdqn.config import ModelConfig
+from jaxdqn.model import xlstm as X
 
 CFG = ModelConfig(xlstm_hidden=6)
 

@@ -4,10 +4,10 @@ Files of a run directory read here (every one optional; what is missing is noted
 report instead of plotted):
 
 * ``config.yaml`` — the resolved config (header: data, sizes, switched-off components).
-* ``metrics.jsonl`` — one record per epoch (:mod:`jaxdqn.logger`); training curves.
+* ``metrics.jsonl`` — one record per epoch (:mod:`jaxdqn.program.logger`); training curves.
 * ``summary.json`` — the final numbers, schema below (:func:`write_summary`).
 * ``eval_{split}.csv`` — the agent's per-bar walk of the split
-  (:data:`jaxdqn.evaluate.LOG_COLUMNS`; with S seeds the S walks stacked with an int column
+  (:data:`jaxdqn.evaluation.walk.LOG_COLUMNS`; with S seeds the S walks stacked with an int column
   ``seed`` first, see :func:`write_eval_log`).
 * ``baselines_{split}.csv`` — baseline equity curves on the same bars: a ``date`` column, then
   one column per baseline holding its equity after each bar (the ``equity`` column of the
@@ -32,7 +32,7 @@ report instead of plotted):
       ...                           # any further keys (e.g. "jax_version", "device") are kept
     }                               # and shown in the report's header when scalar
 
-Metric names are those of :func:`jaxdqn.metrics.performance` (sharpe, sortino, max_drawdown,
+Metric names are those of :func:`jaxdqn.evaluation.metrics.performance` (sharpe, sortino, max_drawdown,
 annual_return, annual_volatility, calmar, hit_rate, turnover, exposure, ...).
 
 Seeds in ``metrics.jsonl``: with S > 1 seeds (``len(summary["seeds"])``, else the length of the
@@ -40,7 +40,7 @@ Seeds in ``metrics.jsonl``: with S > 1 seeds (``len(summary["seeds"])``, else th
 ``[S, 4]``); curves then show the mean over seeds with a ±1 std band (std over seeds, ddof 0),
 and the metrics table shows mean ± std (ddof 1) over the seeds beside each seed's row.
 Drawdown is ``W_t / max(1, max_{s≤t} W_s) − 1`` (the peak anchored at the initial wealth 1, as
-in :mod:`jaxdqn.metrics`).
+in :mod:`jaxdqn.evaluation.metrics`).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ import yaml
 from matplotlib.figure import Figure
 from numpy.typing import ArrayLike
 
-from jaxdqn.logger import read_metrics, to_jsonable
-from jaxdqn.metrics import RETURN_KEYS
+from jaxdqn.evaluation.metrics import RETURN_KEYS
+from jaxdqn.program.logger import read_metrics, to_jsonable
 
 __all__ = [
     "BRANCHES",

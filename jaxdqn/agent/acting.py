@@ -108,7 +108,7 @@ def decide(
     """The acting pipeline: network → A2 blend → M8–M11 coordination → A1 → A3.
 
     Args:
-      model: :class:`jaxdqn.network.Model`.
+      model: :class:`jaxdqn.model.network.Model`.
       params: its parameters.
       obs: ``[E, D]`` observations.
       v_min, delta_z: the current support.
@@ -131,7 +131,7 @@ def decide(
 
 
 def make_eval_policy(model: Any, *, iqn: bool = True, sizing: bool = True):
-    """A policy for :func:`jaxdqn.evaluate.walk` with traced ``policy_params =
+    """A policy for :func:`jaxdqn.evaluation.walk.walk` with traced ``policy_params =
     (params, v_min, delta_z, readiness)``: one compile serves every parameter set."""
 
     def policy(policy_params, obs, t, key):

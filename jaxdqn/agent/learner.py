@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdqn import losses, optim, targets
-from jaxdqn.liquid import LiquidInputs
-from jaxdqn.support import support_grid, update_support
-from jaxdqn.train_state import Setup, TrainState
-from jaxdqn.xlstm import batch_statistics
+from jaxdqn.agent import losses, optim, targets
+from jaxdqn.agent.liquid import LiquidInputs
+from jaxdqn.agent.state import Setup, TrainState
+from jaxdqn.agent.support import support_grid, update_support
+from jaxdqn.model.xlstm import batch_statistics
 
 
 class Batch(NamedTuple):

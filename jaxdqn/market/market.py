@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from jaxdqn import data, env
-from jaxdqn import features as features_lib
 from jaxdqn.config import Config
+from jaxdqn.market import data, env
+from jaxdqn.market import features as features_lib
 
 __all__ = ["SPLIT_NAMES", "Prepared", "prepare"]
 
@@ -32,7 +32,7 @@ class Prepared(NamedTuple):
 
     Attributes:
       df: the validated bars ``[T]`` (plus ``oracle`` on the synthetic market).
-      features: the causal, train-normalised :class:`~jaxdqn.features.Features`.
+      features: the causal, train-normalised :class:`~jaxdqn.market.features.Features`.
       splits: contiguous half-open ``(start, stop)`` row ranges train / val / test.
       market: device arrays for the environment.
       params: static environment parameters (``window`` = ``cfg.features.window``).

@@ -60,7 +60,7 @@ from jaxdqn.config import ConfigError, EnvConfig
 if TYPE_CHECKING:
     import pandas as pd
 
-    from jaxdqn.features import Features
+    from jaxdqn.market.features import Features
 
 __all__ = [
     "EnvParams",

@@ -17,7 +17,7 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
   ``[B, SH2 + 3]`` (off: ``h_m``).
 - **M6 dueling C51 head** per branch: ``logits = V(a)[None] + A(a) − mean_actions A(a)``,
   ``V: [N]``, ``A: [3, N]``; ``probs = softmax over atoms``.
-- **M7** E[Q], Var[Q], Q10/Q50/Q90 (:mod:`jaxdqn.distribution`).
+- **M7** E[Q], Var[Q], Q10/Q50/Q90 (:mod:`jaxdqn.model.distribution`).
 - **M12 selectivity**: ``sel = sigmoid(w · h + b)`` on the unmasked trunk output (off: 1).
 
 Parameters are one pytree with three top-level groups:
@@ -43,10 +43,10 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from jaxdqn import distribution
 from jaxdqn.config import ModelConfig
-from jaxdqn.coordination import Coordinated, make_coordination
-from jaxdqn.xlstm import XLSTM, make_xlstm
+from jaxdqn.model import distribution
+from jaxdqn.model.coordination import Coordinated, make_coordination
+from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from pallas_kernels import kan_gate, kan_gate_init
 
 __all__ = [
@@ -215,7 +215,7 @@ class Model:
     - ``apply(params, obs [B, D], v_min, delta_z) -> NetworkOutput`` — ``v_min``/``delta_z``
       scalars or ``[B]``.
     - ``coordinate(params, q [B, 4, 3]) -> Coordinated`` — M8–M11 (uses ``params["aux"]``).
-    - ``xlstm`` — the M13 functions (:class:`jaxdqn.xlstm.XLSTM`); its parameters are
+    - ``xlstm`` — the M13 functions (:class:`jaxdqn.model.xlstm.XLSTM`); its parameters are
       ``params["xlstm"]``.
     """
 

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from jaxdqn.config import FeatureConfig
-from jaxdqn.data import COLUMNS, DataError
+from jaxdqn.market.data import COLUMNS, DataError
 
 __all__ = [
     "FEATURE_NAMES",
@@ -252,7 +252,7 @@ def compute_features(df: pd.DataFrame, cfg: FeatureConfig, train: tuple[int, int
     """Causal features of ``df`` normalised with statistics of the train rows only.
 
     Args:
-      df: validated bars (T rows), e.g. from :func:`jaxdqn.data.load`.
+      df: validated bars (T rows), e.g. from :func:`jaxdqn.market.data.load`.
       cfg: feature config (vol_span, clip).
       train: the train split's half-open row range ``(start, stop)``.
 

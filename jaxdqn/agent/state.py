@@ -21,12 +21,13 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from jaxdqn import env as env_lib
-from jaxdqn import network, nstep, optim, replay
+from jaxdqn.agent import nstep, optim, replay
+from jaxdqn.agent.liquid import Liquid, LiquidState, make_liquid
+from jaxdqn.agent.support import SupportState, init_support
 from jaxdqn.config import Config
-from jaxdqn.liquid import Liquid, LiquidState, make_liquid
-from jaxdqn.support import SupportState, init_support
-from jaxdqn.xlstm import XLSTMState
+from jaxdqn.market import env as env_lib
+from jaxdqn.model import network
+from jaxdqn.model.xlstm import XLSTMState
 
 NUM_BRANCHES = 4
 
@@ -39,7 +40,7 @@ class Setup:
       cfg: the resolved config.
       env_params: static environment parameters.
       lo, hi: the train split's decision bar range for the acting environments.
-      model: network factory (:func:`jaxdqn.network.make_model`).
+      model: network factory (:func:`jaxdqn.model.network.make_model`).
       liquid: M14 functions.
       optimizer: the O1 optax transformation.
       replay: prioritised replay functions (L8).

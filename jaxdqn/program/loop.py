@@ -27,22 +27,16 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxdqn import (
-    acting,
-    baselines,
-    checkpoint,
-    evaluate,
-    iteration,
-    market_setup,
-    optim,
-    plateau,
-    report,
-    train_state,
-)
 from jaxdqn import config as config_lib
-from jaxdqn import logger as logger_lib
+from jaxdqn.agent import acting, iteration, optim
+from jaxdqn.agent import state as train_state
+from jaxdqn.agent.support import support_grid
 from jaxdqn.config import Config
-from jaxdqn.support import support_grid
+from jaxdqn.evaluation import baselines
+from jaxdqn.evaluation import walk as evaluate
+from jaxdqn.market import market as market_setup
+from jaxdqn.program import checkpoint, plateau, report
+from jaxdqn.program import logger as logger_lib
 
 __all__ = ["HostState", "Trainer", "TrainingError", "choose_run_dir"]
 

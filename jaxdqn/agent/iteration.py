@@ -8,7 +8,7 @@ reads like its table of contents:
    M8–M11 coordination → A1 Boltzmann → A3 position scale → environment step.
 2. :func:`store` — n-step transitions (γⁿ bootstrap, stopped at episode ends) into the
    prioritised replay with priority = max priority × selectivity (L8, M12).
-3. :func:`learn` — ``U`` learner updates (:func:`jaxdqn.learner.update`), once the replay holds
+3. :func:`learn` — ``U`` learner updates (:func:`jaxdqn.agent.learner.update`), once the replay holds
    ``learning_starts`` transitions.
 
 Metrics are device arrays (means over the scans); nothing synchronises with the host. The market
@@ -23,10 +23,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxdqn import acting, learner
-from jaxdqn import env as env_lib
-from jaxdqn.support import support_grid
-from jaxdqn.train_state import Setup, TrainState
+from jaxdqn.agent import acting, learner
+from jaxdqn.agent.state import Setup, TrainState
+from jaxdqn.agent.support import support_grid
+from jaxdqn.market import env as env_lib
 
 
 class Rollout(NamedTuple):

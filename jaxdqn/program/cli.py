@@ -8,7 +8,7 @@ Every program takes the same configuration arguments::
 ``configs/default.yaml``); each ``key=value`` overrides one dotted config key
 (``data.source=synthetic env.max_leverage=2``). ``--help`` lists every config key with its
 default and meaning. A user error — bad config (:class:`~jaxdqn.config.ConfigError`) or bad
-data (:class:`~jaxdqn.data.DataError`) — ends the program with ONE line on stderr and exit
+data (:class:`~jaxdqn.market.data.DataError`) — ends the program with ONE line on stderr and exit
 code 2, never a traceback.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import Config, ConfigError
-from jaxdqn.data import DataError
+from jaxdqn.market.data import DataError
 
 __all__ = ["USER_ERRORS", "config_help", "load_config", "make_parser", "run_main"]
 
