@@ -38,10 +38,10 @@ def _prepared(overrides: tuple[str, ...] = ()) -> tuple[config.Config, market_se
 
 def _walk(name: str, split: str = "val", overrides: tuple[str, ...] = (), key: int | None = None):
     cfg, p = _prepared(overrides)
-    policy = baselines.policies(p.market, p.params, cfg)[name]
+    policy = baselines.policies(p.market, p.env_params, cfg)[name]
     lo, hi = p.eval_range(split)
     k = jax.random.PRNGKey(cfg.eval.key if key is None else key)
-    return evaluate.walk(p.market, p.params, lo, hi, policy, k, p.dates)
+    return evaluate.walk(p.market, p.env_params, lo, hi, policy, k, p.dates)
 
 
 def test_e3_flat_never_trades_and_equity_stays_one():
@@ -118,7 +118,7 @@ def test_e3_macd_is_causal_and_follows_the_walk():
     )
     log = _walk("macd").log
     cfg, _ = _prepared()
-    sig = baselines.signals(p.market, p.params, cfg)["macd"].direction
+    sig = baselines.signals(p.market, p.env_params, cfg)["macd"].direction
     np.testing.assert_array_equal(log["direction"], sig[log["t"]])
     assert set(log["direction"]) == {0, 2}
 
@@ -151,7 +151,7 @@ def test_e3_random_is_reproducible_with_its_key_and_differs_with_another():
 
 def test_e3_oracle_follows_the_oracle_column_and_beats_random_on_synthetic():
     cfg, p = _prepared(SYNTHETIC)
-    assert "oracle" in baselines.policies(p.market, p.params, cfg)
+    assert "oracle" in baselines.policies(p.market, p.env_params, cfg)
     for split in ("val", "test"):
         oracle = _walk("oracle", split, SYNTHETIC)
         rand = _walk("random", split, SYNTHETIC)
@@ -160,7 +160,7 @@ def test_e3_oracle_follows_the_oracle_column_and_beats_random_on_synthetic():
         assert oracle.metrics["sharpe"] > rand.metrics["sharpe"] + 1.0
         assert oracle.metrics["sharpe"] > 2.0
     cfg_real, p_real = _prepared()
-    assert "oracle" not in baselines.policies(p_real.market, p_real.params, cfg_real)
+    assert "oracle" not in baselines.policies(p_real.market, p_real.env_params, cfg_real)
 
 
 def test_e3_run_baselines_table_matches_single_walks():

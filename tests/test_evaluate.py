@@ -78,7 +78,7 @@ def test_e3_walk_hand_built_bars_long_at_next_open():
 def test_e3_walk_log_columns_dates_and_flat_bookkeeping():
     p = _sp500()
     lo, hi = p.bar_range("val")
-    res = evaluate.walk(p.market, p.params, lo, hi, _constant(1), jax.random.PRNGKey(0), p.dates)
+    res = evaluate.walk(p.market, p.env_params, lo, hi, _constant(1), jax.random.PRNGKey(0), p.dates)
     log = res.log
     assert tuple(log.columns) == evaluate.LOG_COLUMNS
     assert len(log) == hi - 1 - lo
@@ -95,9 +95,9 @@ def test_e3_walk_log_columns_dates_and_flat_bookkeeping():
 def test_e3_walk_is_deterministic_in_its_key():
     p = _sp500()
     lo, hi = p.bar_range("test")
-    a = evaluate.walk(p.market, p.params, lo, hi, _random, jax.random.PRNGKey(3), p.dates)
-    b = evaluate.walk(p.market, p.params, lo, hi, _random, jax.random.PRNGKey(3), p.dates)
-    c = evaluate.walk(p.market, p.params, lo, hi, _random, jax.random.PRNGKey(4), p.dates)
+    a = evaluate.walk(p.market, p.env_params, lo, hi, _random, jax.random.PRNGKey(3), p.dates)
+    b = evaluate.walk(p.market, p.env_params, lo, hi, _random, jax.random.PRNGKey(3), p.dates)
+    c = evaluate.walk(p.market, p.env_params, lo, hi, _random, jax.random.PRNGKey(4), p.dates)
     pd.testing.assert_frame_equal(a.log, b.log)
     assert a.metrics == b.metrics
     assert not (a.log["direction"].to_numpy() == c.log["direction"].to_numpy()).all()
@@ -107,7 +107,7 @@ def test_e3_walk_metrics_are_performance_of_the_log():
     p = _sp500()
     lo, hi = p.bar_range("test")
     res = evaluate.walk(
-        p.market, p.params, lo, hi, _random, jax.random.PRNGKey(1), p.dates, periods_per_year=252
+        p.market, p.env_params, lo, hi, _random, jax.random.PRNGKey(1), p.dates, periods_per_year=252
     )
     log = res.log
     expected = metrics.performance(
@@ -129,12 +129,12 @@ def test_e3_walk_policy_params_are_traced_arguments():
 
     longs = jnp.full((p.market.num_bars,), 2, jnp.int32)
     with_params = evaluate.walk(
-        p.market, p.params, lo, hi, follow, jax.random.PRNGKey(0), policy_params=longs
+        p.market, p.env_params, lo, hi, follow, jax.random.PRNGKey(0), policy_params=longs
     )
-    closure = evaluate.walk(p.market, p.params, lo, hi, _constant(2), jax.random.PRNGKey(0))
+    closure = evaluate.walk(p.market, p.env_params, lo, hi, _constant(2), jax.random.PRNGKey(0))
     pd.testing.assert_frame_equal(with_params.log, closure.log)
     shorts = evaluate.walk(
-        p.market, p.params, lo, hi, follow, jax.random.PRNGKey(0), policy_params=longs * 0
+        p.market, p.env_params, lo, hi, follow, jax.random.PRNGKey(0), policy_params=longs * 0
     )
     assert (shorts.log["target_position"] == -1.0).all()
 
@@ -142,13 +142,13 @@ def test_e3_walk_policy_params_are_traced_arguments():
 def test_e3_walk_rejects_a_range_without_decisions():
     p = _sp500()
     with pytest.raises(ValueError, match="no decision bar"):
-        evaluate.walk(p.market, p.params, 100, 101, _constant(1), jax.random.PRNGKey(0))
+        evaluate.walk(p.market, p.env_params, 100, 101, _constant(1), jax.random.PRNGKey(0))
 
 
 def test_e3_prepare_bar_ranges_start_after_the_warmup():
     p = _sp500()
     assert p.splits.train[0] == 0
-    assert p.bar_range("train")[0] == p.first_decision == p.features.warmup + p.params.window - 1
+    assert p.bar_range("train")[0] == p.first_decision == p.features.warmup + p.env_params.window - 1
     assert p.bar_range("val") == p.splits.val
     assert p.dates[p.splits.val[0]] == pd.Timestamp("2013-01-02")
     with pytest.raises(ValueError, match="unknown split"):

@@ -1,16 +1,22 @@
-"""Acting (A1–A3): Boltzmann action selection, the IQN-style value blend, position sizing.
+"""Acting (A1–A3): Boltzmann action selection, the IQN-style value blend, position sizing, and
+:func:`make_acting`, the acting pipeline closed over its config section.
 
-All functions act on one observation's per-branch values ``[4, 3]`` (branches direction,
-magnitude, order, urgency × three actions); batch them with ``jax.vmap``.
+The A1–A3 functions act on one observation's per-branch values ``[4, 3]`` (branches
+direction, magnitude, order, urgency × three actions); batch them with ``jax.vmap``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
+
+from jaxdqn.branches import Action
+from jaxdqn.config import ActingConfig
 
 TAU_FLOOR = 0.01
 
@@ -87,8 +93,7 @@ def position_scale(q_var: chex.Array, direction: chex.Array) -> chex.Array:
 class Decision(NamedTuple):
     """What the agent does for a batch of observations ``[E]``."""
 
-    actions: chex.Array  # int32 [E, 4]
-    scale: chex.Array  # float32 [E] A3 position scale (1 when sizing is off)
+    action: Action  # choice int32 [E, 4], A3 scale float32 [E] (1 when sizing is off)
     selectivity: chex.Array  # float32 [E] M12 prediction at o_t
     q_mean: chex.Array  # float32 [E, 4, 3] E[Q] (monitoring)
 
@@ -127,7 +132,7 @@ def decide(
         scale = jax.vmap(position_scale)(out.q_var, actions[:, 0])
     else:
         scale = jnp.ones((obs.shape[0],), jnp.float32)
-    return Decision(actions, scale, out.selectivity, out.q_mean)
+    return Decision(Action(actions, scale), out.selectivity, out.q_mean)
 
 
 def make_eval_policy(model: Any, *, iqn: bool = True, sizing: bool = True):
@@ -138,6 +143,42 @@ def make_eval_policy(model: Any, *, iqn: bool = True, sizing: bool = True):
         del t
         params, v_min, delta_z, readiness = policy_params
         d = decide(model, params, obs[None], v_min, delta_z, readiness, key, iqn=iqn, sizing=sizing)
-        return d.actions[0], d.scale[0]
+        return d.action.choice[0], d.action.scale[0]
 
     return policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Acting:
+    """The acting pipeline for one config (from :func:`make_acting`).
+
+    Attributes:
+      num_envs: ``E`` environments acting in parallel.
+      steps: ``K`` environment steps per iteration.
+      iqn_readiness: A2's initial readiness (the epoch loop ramps it).
+      decide: ``(params, obs [E, D], v_min, delta_z, readiness, key) -> Decision``.
+      eval_policy: the same pipeline as a policy for the evaluation walk (fixed key, traced
+        ``policy_params = (params, v_min, delta_z, readiness)``).
+    """
+
+    num_envs: int
+    steps: int
+    iqn_readiness: float
+    decide: Callable[..., Decision]
+    eval_policy: Callable[..., tuple[chex.Array, chex.Array]]
+
+
+def make_acting(cfg: ActingConfig, model: Any) -> Acting:
+    """Factory of the acting pipeline for ``cfg`` (A2 and A3 switches) and ``model``."""
+    iqn, sizing = cfg.iqn_blend, cfg.position_sizing
+
+    def decide_fn(params, obs, v_min, delta_z, readiness, key) -> Decision:
+        return decide(model, params, obs, v_min, delta_z, readiness, key, iqn=iqn, sizing=sizing)
+
+    return Acting(
+        num_envs=cfg.num_envs,
+        steps=cfg.steps,
+        iqn_readiness=cfg.iqn_readiness,
+        decide=decide_fn,
+        eval_policy=make_eval_policy(model, iqn=iqn, sizing=sizing),
+    )

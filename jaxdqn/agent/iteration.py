@@ -1,14 +1,15 @@
 """The training iteration: one pure function, compiled once by ``jax.jit``.
 
-    iteration(state, market) -> (state, metrics)
+    iteration(agent, state, market) -> (state, metrics)
 
 reads like its table of contents:
 
 1. :func:`act` — ``K`` steps of ``E`` vmapped environments (acting scan): network → A2 blend →
    M8–M11 coordination → A1 Boltzmann → A3 position scale → environment step.
 2. :func:`store` — n-step transitions (γⁿ bootstrap, stopped at episode ends) into the
-   prioritised replay with priority = max priority × selectivity (L8, M12).
-3. :func:`learn` — ``U`` learner updates (:func:`jaxdqn.agent.learner.update`), once the replay holds
+   prioritised replay with priority = max priority × selectivity (L8, M12); the reward-std EMA
+   observes the rollout.
+3. :func:`learn` — ``U`` learner updates (:mod:`jaxdqn.agent.learner`), once the replay holds
    ``learning_starts`` transitions.
 
 Metrics are device arrays (means over the scans); nothing synchronises with the host. The market
@@ -23,10 +24,11 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxdqn.agent import acting, learner
-from jaxdqn.agent.state import Setup, TrainState
-from jaxdqn.agent.support import support_grid
+from jaxdqn.agent.build import Agent
+from jaxdqn.agent.state import TrainState
 from jaxdqn.market import env as env_lib
+
+__all__ = ["Rollout", "act", "all_finite", "iteration", "learn", "make_iteration", "store"]
 
 
 class Rollout(NamedTuple):
@@ -42,31 +44,22 @@ class Rollout(NamedTuple):
     traded: chex.Array
 
 
-def act(setup: Setup, state: TrainState, market: env_lib.MarketData):
+def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
     """Acting scan: ``K`` decisions in each of the ``E`` environments."""
-    lc = setup.cfg.learner
-    v_min, delta_z = support_grid(state.support, setup.cfg.model.num_atoms)
+    v_min, delta_z = agent.dynamics.grid(state.dynamics)
     step_env = jax.vmap(env_lib.step_autoreset, in_axes=(None, None, 0, 0, 0))
 
     def body(carry, key):
         env_state, obs = carry
-        d = acting.decide(
-            setup.model,
-            state.params,
-            obs,
-            v_min,
-            delta_z,
-            state.dynamics.iqn_readiness,
-            key,
-            iqn=lc.iqn_blend,
-            sizing=lc.position_sizing,
+        d = agent.acting.decide(
+            state.params, obs, v_min, delta_z, state.dynamics.iqn_readiness, key
         )
         env_state, next_obs, reward, done, info = step_env(
-            setup.env_params, market, env_state, d.actions, d.scale
+            agent.env_params, market, env_state, d.action.choice, d.action.scale
         )
         row = Rollout(
             obs=obs,
-            actions=d.actions,
+            actions=d.action.choice,
             selectivity=d.selectivity,
             reward=reward,
             done=done,
@@ -78,42 +71,39 @@ def act(setup: Setup, state: TrainState, market: env_lib.MarketData):
 
     key, sub = jax.random.split(state.key)
     (env_state, obs), rollout = jax.lax.scan(
-        body, (state.env, state.obs), jax.random.split(sub, lc.act_steps)
+        body, (state.env, state.obs), jax.random.split(sub, agent.acting.steps)
     )
     return state.replace(env=env_state, obs=obs, key=key), rollout
 
 
-def store(setup: Setup, state: TrainState, rollout: Rollout) -> TrainState:
-    """n-step transitions of the rollout into replay; updates the reward-std EMA (L5)."""
-    lc = setup.cfg.learner
-    action = {"a": rollout.actions, "sel": rollout.selectivity}
-    reward = rollout.reward * lc.reward_scale
-    nstep_state, trans, valid = setup.nstep.update(
-        state.nstep, rollout.obs, action, reward, rollout.done, state.obs
+def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
+    """n-step transitions of the rollout into replay; the dynamics observe its rewards (L5)."""
+    reward = rollout.reward * agent.reward_scale
+    nstep_state, trans, valid = agent.nstep.update(
+        state.nstep,
+        rollout.obs,
+        rollout.actions,
+        reward,
+        rollout.done,
+        state.obs,
+        rollout.selectivity,
     )
     flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
-    scale = flat.action["sel"] if setup.cfg.model.selectivity else jnp.ones_like(flat.reward)
-    replay_state = setup.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
-    dyn = state.dynamics
-    std = jnp.std(reward)
-    seeded = dyn.reward_std_ema > 0
-    reward_std_ema = jnp.where(
-        seeded, dyn.reward_std_ema + lc.stats_alpha * (std - dyn.reward_std_ema), std
-    )
+    scale = flat.selectivity if agent.selectivity else jnp.ones_like(flat.reward)
+    replay_state = agent.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
     return state.replace(
         replay=replay_state,
         nstep=nstep_state,
-        dynamics=dyn.replace(reward_std_ema=reward_std_ema),
+        dynamics=agent.dynamics.observe_rollout(state.dynamics, reward),
     )
 
 
-def learn(setup: Setup, state: TrainState):
+def learn(agent: Agent, state: TrainState):
     """``U`` learner updates under ``lax.scan`` (skipped until the replay is warm)."""
-    lc = setup.cfg.learner
-    ready = state.replay.size >= lc.learning_starts
+    ready = state.replay.size >= agent.learning_starts
 
     def run(s):
-        s, metrics = jax.lax.scan(lambda c, _: learner.update(setup, c), s, None, lc.updates)
+        s, metrics = jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, agent.updates)
         return s, jax.tree.map(lambda m: m.mean(axis=0), metrics)
 
     shapes = jax.eval_shape(run, state)[1]
@@ -129,12 +119,12 @@ def all_finite(tree: Any) -> chex.Array:
 
 
 def iteration(
-    setup: Setup, state: TrainState, market: env_lib.MarketData
+    agent: Agent, state: TrainState, market: env_lib.MarketData
 ) -> tuple[TrainState, dict[str, Any]]:
     """act → store → learn; see the module docstring."""
-    state, rollout = act(setup, state, market)
-    state = store(setup, state, rollout)
-    state, metrics = learn(setup, state)
+    state, rollout = act(agent, state, market)
+    state = store(agent, state, rollout)
+    state, metrics = learn(agent, state)
     finished = rollout.done.astype(jnp.float32)
     metrics.update(
         reward_mean=rollout.reward.mean(),
@@ -151,10 +141,10 @@ def iteration(
     return state.replace(iteration=state.iteration + 1), metrics
 
 
-def make_iteration(setup: Setup, *, num_seeds: int | None = None):
+def make_iteration(agent: Agent, *, num_seeds: int | None = None):
     """``jit(iteration)`` with the state donated; with ``num_seeds`` the state carries a leading
     seed axis and the iteration is vmapped over it (the market is shared)."""
-    fn = lambda state, market: iteration(setup, state, market)
+    fn = lambda state, market: iteration(agent, state, market)
     if num_seeds is not None:
         fn = jax.vmap(fn, in_axes=(0, None))
     return jax.jit(fn, donate_argnums=0)

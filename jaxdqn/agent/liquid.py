@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
-from jaxdqn.config import ConfigError, ModelConfig
+from jaxdqn.branches import NUM_BRANCHES
+from jaxdqn.config import DynamicsConfig
 
 __all__ = [
     "Liquid",
@@ -45,7 +46,6 @@ __all__ = [
     "rk4_step",
 ]
 
-NUM_BRANCHES = 4
 _EPS = 1e-8
 
 
@@ -108,19 +108,15 @@ class Liquid:
     step: Callable[[LiquidState, LiquidInputs], tuple[LiquidState, Array]]
 
 
-def make_liquid(cfg: ModelConfig) -> Liquid:
-    """Factory of the M14 pure functions for ``cfg`` (``cfg.liquid`` switches it).
-
-    Raises:
-      ConfigError: ``liquid_alpha_min > liquid_alpha_max`` or ``liquid_tau_min > liquid_tau_max``.
-    """
-    if cfg.liquid_alpha_min > cfg.liquid_alpha_max:
-        raise ConfigError("model.liquid_alpha_min: must be <= model.liquid_alpha_max")
-    if cfg.liquid_tau_min > cfg.liquid_tau_max:
-        raise ConfigError("model.liquid_tau_min: must be <= model.liquid_tau_max")
+def make_liquid(cfg: DynamicsConfig) -> Liquid:
+    """Factory of the M14 pure functions for ``cfg`` (``cfg.liquid`` switches it; the ordering
+    of the alpha and tau bounds is checked with the rest of the config)."""
     a_min, a_max = cfg.liquid_alpha_min, cfg.liquid_alpha_max
     t_min, t_max = cfg.liquid_tau_min, cfg.liquid_tau_max
     dt, cap = cfg.liquid_dt, cfg.liquid_max
+    enabled, velocity_ref = cfg.liquid, cfg.liquid_velocity_ref
+    rk4_threshold = cfg.liquid_rk4_threshold
+    gap_mult, gap_floor = cfg.liquid_gap_mult, cfg.liquid_gap_floor
 
     def init_state() -> LiquidState:
         z = jnp.zeros((NUM_BRANCHES,), jnp.float32)
@@ -135,7 +131,7 @@ def make_liquid(cfg: ModelConfig) -> Liquid:
         )
 
     def step(state: LiquidState, inputs: LiquidInputs) -> tuple[LiquidState, Array]:
-        if not cfg.liquid:
+        if not enabled:
             return state, jnp.ones_like(state.mod)
         gap = jnp.asarray(inputs.q_gap, state.gap_ema.dtype)
         ema = state.gap_ema
@@ -146,12 +142,12 @@ def make_liquid(cfg: ModelConfig) -> Liquid:
         new_ema = ema + alpha * (gap - ema)
         velocity = jnp.where(state.initialized, new_ema - ema, 0.0)
         speed = jnp.abs(velocity) / jnp.maximum(jnp.abs(new_ema), _EPS)
-        tau = t_min + (t_max - t_min) * jnp.tanh(speed / cfg.liquid_velocity_ref)
+        tau = t_min + (t_max - t_min) * jnp.tanh(speed / velocity_ref)
 
-        use_rk4 = inputs.context_norm > cfg.liquid_rk4_threshold
+        use_rk4 = inputs.context_norm > rk4_threshold
         relaxed = relax(state.mod, tau, dt, use_rk4)
 
-        target_gap = jnp.maximum(cfg.liquid_gap_mult * inputs.eval_q_std_ema, cfg.liquid_gap_floor)
+        target_gap = jnp.maximum(gap_mult * inputs.eval_q_std_ema, gap_floor)
         amp = jnp.minimum(target_gap / jnp.maximum(gap, _EPS), cap)
         mod = jnp.clip(relaxed * amp, 0.0, cap)
         new = LiquidState(

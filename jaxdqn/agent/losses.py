@@ -1,15 +1,24 @@
 """Learner losses: C51 cross-entropy (L1), spread surrogate (L3), entropy ramp (L4) and the
-auxiliary losses (L6).
+auxiliary losses (L6), and :func:`make_loss`, their composition for one batch.
 
-Per-example functions in the rlax style; the learner batches them with ``jax.vmap``.
-Shapes: 4 branches, 3 actions, ``N`` atoms.
+Per-example functions in the rlax style; the composed loss batches them with ``jax.vmap``.
+Shapes: ``B`` batch, 4 branches, 3 actions, ``N`` atoms.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 import chex
 import jax
 import jax.numpy as jnp
+
+from jaxdqn.agent.targets import Target
+from jaxdqn.config import LossConfig, ModelConfig
+from jaxdqn.model.network import Model
+from jaxdqn.model.xlstm import XLSTMState
 
 
 def c51_cross_entropy(
@@ -121,3 +130,140 @@ def selectivity_target(per_sample_loss: chex.Array) -> chex.Array:
     """L6 selectivity label: clip(loss_i / mean loss, 0, 1) ``[B]`` (no gradient)."""
     m = jnp.maximum(jnp.mean(per_sample_loss), 1e-12)
     return jax.lax.stop_gradient(jnp.clip(per_sample_loss / m, 0.0, 1.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The composed loss of one batch
+# ---------------------------------------------------------------------------------------------
+
+
+class LossParts(NamedTuple):
+    """The terms of the total loss and what the rest of the update needs from the forward pass
+    (everything but ``total`` without gradient)."""
+
+    total: chex.Array
+    c51: chex.Array
+    spread: chex.Array
+    entropy: chex.Array
+    denoise: chex.Array
+    coord: chex.Array
+    select: chex.Array
+    xlstm: chex.Array
+    per_sample: chex.Array  # [B] → priorities, selectivity labels
+    q_mean: chex.Array  # [B, 4, 3]
+    utilisation: chex.Array
+    mean_entropy: chex.Array
+    xlstm_state: XLSTMState
+    context: chex.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """``loss(params, obs, actions, weights, target, q_target_s, v_min, delta_z, entropy_coef,
+    liquid_mod, xlstm_state, last_stats) -> (total, LossParts)`` from :func:`make_loss`, for
+    ``jax.grad(..., has_aux=True)``; ``needs_target_q_s`` tells the learner whether to compute
+    the target network's Q at s (the denoiser's regression target)."""
+
+    loss: Callable[..., tuple[chex.Array, LossParts]]
+    needs_target_q_s: bool
+
+
+def make_loss(cfg: LossConfig, model_cfg: ModelConfig, model: Model) -> Loss:
+    """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches.
+
+    Each auxiliary module (L6) sees stop-gradient inputs, so the parameter groups' gradients do
+    not mix and one optax update serves all of them:
+
+    - L1: IS-weighted C51 cross-entropy of the taken actions, summed over branches;
+    - L3: spread surrogate, per-branch scale Δz/B × ``spread_branch_scale`` × liquid_mod (M14);
+    - L4: −entropy_coef × mean entropy of the online distributions;
+    - L6: denoiser MSE against the target network's Q at s, Huber of the coordinated Q of the
+      taken actions against the scalar TD target (M9/M10), selectivity BCE (M12), and the
+      xLSTM's prediction of this batch's mean Q from the previous batch's statistics (M13).
+    """
+    spread_on, entropy_on, aux_on = cfg.spread, cfg.entropy, cfg.aux_training
+    branch_weight = tuple(cfg.spread_branch_scale)
+    denoiser, selectivity = model_cfg.denoiser, model_cfg.selectivity
+    coordination = model_cfg.q_attention or model_cfg.graph
+    xlstm_on = model_cfg.xlstm
+    n = model_cfg.num_atoms
+
+    def loss(
+        params: Any,
+        obs: chex.Array,
+        actions: chex.Array,
+        weights: chex.Array,
+        target: Target,
+        q_target_s: chex.Array,
+        v_min: chex.Array,
+        delta_z: chex.Array,
+        entropy_coef: chex.Array,
+        liquid_mod: chex.Array,
+        xlstm_state: XLSTMState,
+        last_stats: chex.Array,
+    ) -> tuple[chex.Array, LossParts]:
+        b = obs.shape[0]
+        out = model.apply(params, obs, v_min, delta_z)
+
+        ce = jax.vmap(c51_cross_entropy)(out.logits, actions, target.probs)  # [B, 4]
+        per_sample = ce.sum(axis=-1)
+        c51 = jnp.mean(weights * per_sample)
+
+        z = v_min + delta_z * jnp.arange(n, dtype=jnp.float32)
+        spread = jnp.zeros((), jnp.float32)
+        if spread_on:
+            branch_scale = (
+                jnp.asarray(branch_weight, jnp.float32)
+                * jax.lax.stop_gradient(liquid_mod)
+                * delta_z
+                / b
+            )
+            spread = jnp.sum(
+                jax.vmap(spread_surrogate, in_axes=(0, 0, None, None))(
+                    out.logits, actions, z, branch_scale
+                )
+            )
+
+        mean_entropy = jnp.mean(entropy(out.logits))
+        ent = -entropy_coef * mean_entropy if entropy_on else jnp.zeros((), jnp.float32)
+
+        zero = jnp.zeros((), jnp.float32)
+        denoise = coord = select = xl = zero
+        new_xlstm, context = xlstm_state, xlstm_state.context
+        per_sample_sg = jax.lax.stop_gradient(per_sample)
+        q_sg = jax.lax.stop_gradient(out.q_mean)
+        if aux_on:
+            coordinated = model.coordinate(params, q_sg)
+            q_coord = coordinated.q + coordinated.mean  # back on the network's scale
+            if denoiser:
+                denoise = jnp.mean(jnp.square(q_coord - q_target_s))
+            if coordination:
+                taken = jnp.take_along_axis(q_coord, actions[..., None], axis=2)[..., 0]
+                coord = jnp.mean(huber(taken - target.td))
+            if selectivity:
+                label = selectivity_target(per_sample_sg)
+                select = jnp.mean(binary_cross_entropy(out.selectivity, label))
+            if xlstm_on:
+                xl, (new_xlstm, context) = model.xlstm.prediction_loss(
+                    params["xlstm"], xlstm_state, last_stats, q_sg.mean()
+                )
+        total = c51 + spread + ent + denoise + coord + select + xl
+        parts = LossParts(
+            total=total,
+            c51=c51,
+            spread=spread,
+            entropy=ent,
+            denoise=denoise,
+            coord=coord,
+            select=select,
+            xlstm=xl,
+            per_sample=per_sample_sg,
+            q_mean=q_sg,
+            utilisation=atom_utilisation(jax.lax.stop_gradient(out.probs)),
+            mean_entropy=jax.lax.stop_gradient(mean_entropy),
+            xlstm_state=new_xlstm,
+            context=context,
+        )
+        return total, parts
+
+    return Loss(loss=loss, needs_target_q_s=aux_on and denoiser)

@@ -89,6 +89,9 @@ class Transition(NamedTuple):
       reward: float32 n-step return ``R_t``.
       discount: float32 bootstrap discount ``γ^n`` or 0.
       next_obs: bootstrap observation ``o_{t+n'}`` (pytree).
+      selectivity: float32 value carried unchanged with ``o_t``: the M12 selectivity
+        prediction made at ``o_t``, which scales the transition's insertion priority (L8);
+        ones when the caller passes none.
     """
 
     obs: PyTree
@@ -96,6 +99,7 @@ class Transition(NamedTuple):
     reward: jax.Array
     discount: jax.Array
     next_obs: PyTree
+    selectivity: jax.Array
 
 
 @struct.dataclass
@@ -104,7 +108,7 @@ class NStepState:
 
     Attributes:
       obs, action: pytrees of the carried steps.
-      reward: float32 ``[n-1, E]``.
+      reward, selectivity: float32 ``[n-1, E]``.
       done: bool ``[n-1, E]``.
       valid: bool ``[n-1]`` whether each carried step was ever filled by a rollout.
     """
@@ -112,6 +116,7 @@ class NStepState:
     obs: PyTree
     action: PyTree
     reward: jax.Array
+    selectivity: jax.Array
     done: jax.Array
     valid: jax.Array
 
@@ -125,8 +130,9 @@ class NStepAccumulator:
       gamma: discount γ.
       init: ``(obs, action) -> NStepState`` from one example step of every environment (leaves
         ``[E, ...]``; values are ignored, only shapes and dtypes are used).
-      update: ``(state, obs, action, reward, done, final_obs) -> (state, Transition, valid)``
-        with ``obs, action`` leaves ``[K, E, ...]``, ``reward, done`` ``[K, E]``, and
+      update: ``(state, obs, action, reward, done, final_obs, selectivity=None) -> (state,
+        Transition, valid)`` with ``obs, action`` leaves ``[K, E, ...]``, ``reward, done`` (and
+        ``selectivity``, default ones) ``[K, E]``, and
         ``final_obs`` leaves ``[E, ...]`` the observation after the last step. Returns ``K``
         transitions per environment (leaves ``[K, E, ...]``) and ``valid`` bool ``[K, E]``
         (False only for the ``n - 1`` starts before the first step ever seen).
@@ -151,6 +157,7 @@ def make_nstep_accumulator(n: int, gamma: float) -> NStepAccumulator:
             obs=jax.tree.map(zeros, obs),
             action=jax.tree.map(zeros, action),
             reward=jnp.zeros((tail, num_envs), jnp.float32),
+            selectivity=jnp.zeros((tail, num_envs), jnp.float32),
             done=jnp.zeros((tail, num_envs), bool),
             valid=jnp.zeros((tail,), bool),
         )
@@ -162,12 +169,16 @@ def make_nstep_accumulator(n: int, gamma: float) -> NStepAccumulator:
         reward: jax.Array,
         done: jax.Array,
         final_obs: PyTree,
+        selectivity: jax.Array | None = None,
     ) -> tuple[NStepState, Transition, jax.Array]:
         steps = reward.shape[0]
+        if selectivity is None:
+            selectivity = jnp.ones_like(reward, jnp.float32)
         cat = lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=0)
         seq_obs = jax.tree.map(cat, state.obs, obs)  # [L, E, ...], L = K + n - 1
         seq_action = jax.tree.map(cat, state.action, action)
         seq_reward = cat(state.reward, reward)
+        seq_selectivity = cat(state.selectivity, selectivity)
         seq_done = cat(state.done, done)
         seq_valid = jnp.concatenate([state.valid, jnp.ones((steps,), bool)])
         returns, discounts, offsets = nstep_targets(seq_reward, seq_done, gamma, n)
@@ -185,6 +196,7 @@ def make_nstep_accumulator(n: int, gamma: float) -> NStepAccumulator:
             reward=returns,
             discount=discounts,
             next_obs=jax.tree.map(bootstrap, all_obs),
+            selectivity=seq_selectivity[:steps],
         )
         valid = jnp.broadcast_to(seq_valid[:steps, None], returns.shape)
         keep = lambda x: x[steps:]
@@ -192,6 +204,7 @@ def make_nstep_accumulator(n: int, gamma: float) -> NStepAccumulator:
             obs=jax.tree.map(keep, seq_obs),
             action=jax.tree.map(keep, seq_action),
             reward=keep(seq_reward),
+            selectivity=keep(seq_selectivity),
             done=keep(seq_done),
             valid=keep(seq_valid),
         )

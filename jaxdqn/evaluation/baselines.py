@@ -266,7 +266,7 @@ def run_baselines(
     p = prepared if prepared is not None else market_setup.prepare(cfg)
     key = jax.random.PRNGKey(cfg.eval.key)
     ppy = cfg.eval.periods_per_year
-    sigs = signals(p.market, p.params, cfg)
+    sigs = signals(p.market, p.env_params, cfg)
     rows: dict[str, dict[tuple[str, str], float]] = {}
     for name in BASELINE_NAMES:
         if name != "random" and name not in sigs:
@@ -276,13 +276,13 @@ def run_baselines(
             lo, hi = p.eval_range(split)
             if name == "random":
                 res = evaluate.walk(
-                    p.market, p.params, lo, hi, random_policy, key, p.dates, periods_per_year=ppy
+                    p.market, p.env_params, lo, hi, random_policy, key, p.dates, periods_per_year=ppy
                 )
             else:
                 arrays = Signal(jnp.asarray(sigs[name].direction), jnp.asarray(sigs[name].scale))
                 res = evaluate.walk(
                     p.market,
-                    p.params,
+                    p.env_params,
                     lo,
                     hi,
                     follow_signal,

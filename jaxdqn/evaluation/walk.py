@@ -79,7 +79,7 @@ class EvalResult(NamedTuple):
 
 
 def rollout(
-    params: env.EnvParams,
+    env_params: env.EnvParams,
     market: env.MarketData,
     t0: jax.Array | int,
     hi: jax.Array | int,
@@ -92,9 +92,9 @@ def rollout(
     ``n`` and ``policy_fn`` static, or call it inside a larger jitted function).
 
     Args:
-      params: static environment parameters.
+      env_params: static environment parameters.
       market: the bars.
-      t0: first decision bar (``≥ params.window − 1``); int32 scalar.
+      t0: first decision bar (``≥ env_params.window − 1``); int32 scalar.
       hi: stop of the split (``t0 + n < hi`` must hold); int32 scalar.
       n: number of decisions (static).
       policy_fn: ``(obs, t, key) -> (action int32 [4], scale float32 [])``, or with
@@ -106,7 +106,7 @@ def rollout(
       :class:`Trajectory` of ``n`` rows.
     """
     keys = jax.random.split(key, n + 1)
-    state, obs = env.reset_at(params, market, t0, t0, hi, keys[0])
+    state, obs = env.reset_at(env_params, market, t0, t0, hi, keys[0])
 
     def body(carry, step_key):
         state, obs = carry
@@ -117,7 +117,7 @@ def rollout(
             action, scale = policy_fn(policy_params, obs, t, step_key)
         action = jnp.asarray(action, jnp.int32)
         scale = jnp.asarray(scale, jnp.float32)
-        state, obs, reward, _done, info = env.step(params, market, state, action, scale)
+        state, obs, reward, _done, info = env.step(env_params, market, state, action, scale)
         row = Trajectory(
             t=t,
             action=action,
@@ -138,12 +138,12 @@ def rollout(
     return traj
 
 
-_rollout_jit = jax.jit(rollout, static_argnames=("params", "n", "policy_fn"))
+_rollout_jit = jax.jit(rollout, static_argnames=("env_params", "n", "policy_fn"))
 
 
 def walk(
     market: env.MarketData,
-    params: env.EnvParams,
+    env_params: env.EnvParams,
     lo: int,
     hi: int,
     policy_fn: PolicyFn,
@@ -156,7 +156,7 @@ def walk(
     """Evaluate a policy over the bar range ``[lo, hi)`` of one split, deterministically.
 
     One jitted ``lax.scan`` of ``env.step`` (no auto-reset) over every decision bar
-    ``t ∈ [t0, hi − 1)`` with ``t0 = max(lo, params.window − 1)``, starting flat with equity 1.
+    ``t ∈ [t0, hi − 1)`` with ``t0 = max(lo, env_params.window − 1)``, starting flat with equity 1.
 
     Log columns (one row per decision bar t; float64 unless noted):
       ``t`` (int) the decision bar; ``date`` the timestamp of bar t+1, when the order executes
@@ -173,7 +173,7 @@ def walk(
     ``traded=traded``.
 
     Args:
-      market, params: the environment (see :func:`jaxdqn.market.market.prepare`).
+      market, env_params: the environment (see :func:`jaxdqn.market.market.prepare`).
       lo, hi: the split's half-open bar range (Python ints).
       policy_fn: see the module docstring.
       key: PRNG key for the policy's sampling (and the env state); same key → same log.
@@ -184,16 +184,16 @@ def walk(
     Raises:
       ValueError: the range holds no decision bar.
     """
-    t0 = max(int(lo), params.window - 1)
+    t0 = max(int(lo), env_params.window - 1)
     hi = int(hi)
     n = hi - 1 - t0
     if n < 1 or hi > market.num_bars:
         raise ValueError(
             f"walk: bar range [{lo}, {hi}) has no decision bar within {market.num_bars} bars "
-            f"(window {params.window})"
+            f"(window {env_params.window})"
         )
     traj = _rollout_jit(
-        params, market, jnp.int32(t0), jnp.int32(hi), n, policy_fn, key, policy_params
+        env_params, market, jnp.int32(t0), jnp.int32(hi), n, policy_fn, key, policy_params
     )
     traj = jax.device_get(traj)
 
@@ -231,7 +231,7 @@ def walk(
 
 def value_spread(
     model: Any,
-    params: Any,
+    net_params: Any,
     market: env.MarketData,
     env_params: env.EnvParams,
     lo: int,
@@ -247,4 +247,4 @@ def value_spread(
     ts = jnp.arange(lo, hi, dtype=jnp.int32)
     key = jax.random.PRNGKey(0)  # unused by reset_at's state; observations are deterministic
     obs = jax.vmap(lambda t: env.reset_at(env_params, market, t, lo, hi, key)[1])(ts)
-    return jnp.std(model.apply(params, obs, v_min, delta_z).q_mean)
+    return jnp.std(model.apply(net_params, obs, v_min, delta_z).q_mean)

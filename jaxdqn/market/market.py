@@ -35,7 +35,7 @@ class Prepared(NamedTuple):
       features: the causal, train-normalised :class:`~jaxdqn.market.features.Features`.
       splits: contiguous half-open ``(start, stop)`` row ranges train / val / test.
       market: device arrays for the environment.
-      params: static environment parameters (``window`` = ``cfg.features.window``).
+      env_params: static environment parameters (``window`` = ``cfg.features.window``).
       dates: ``df.index``, the bar timestamps ``[T]``.
       first_decision: first bar the agent can decide on (full valid observation window).
     """
@@ -44,7 +44,7 @@ class Prepared(NamedTuple):
     features: features_lib.Features
     splits: data.Splits
     market: env.MarketData
-    params: env.EnvParams
+    env_params: env.EnvParams
     dates: pd.DatetimeIndex
     first_decision: int
 
@@ -77,13 +77,13 @@ def prepare(cfg: Config) -> Prepared:
     splits = data.split(df, cfg.data, first_decision)
     feats = features_lib.compute_features(df, cfg.features, splits.train)
     market = env.make_market(df, feats, cfg.env)
-    params = env.EnvParams.from_config(cfg.env, cfg.features.window)
+    env_params = env.EnvParams.from_config(cfg.env, cfg.features.window)
     return Prepared(
         df=df,
         features=feats,
         splits=splits,
         market=market,
-        params=params,
+        env_params=env_params,
         dates=pd.DatetimeIndex(df.index),
         first_decision=first_decision,
     )

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES, NUM_Q
 from jaxdqn.config import ModelConfig
 
 __all__ = [
@@ -48,10 +49,6 @@ __all__ = [
     "center",
     "make_coordination",
 ]
-
-NUM_BRANCHES = 4
-NUM_ACTIONS = 3
-NUM_Q = NUM_BRANCHES * NUM_ACTIONS
 
 #: Directed edges (source branch, destination branch): dir→mag, dir→ord, mag→urg, ord→urg.
 EDGES: tuple[tuple[int, int], ...] = ((0, 1), (0, 2), (1, 3), (2, 3))

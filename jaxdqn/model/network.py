@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from jaxdqn.branches import BRANCH_KEYS, BRANCHES, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
@@ -70,9 +71,6 @@ __all__ = [
 
 Params = dict[str, Any]
 
-BRANCHES: tuple[str, ...] = ("direction", "magnitude", "order", "urgency")
-BRANCH_KEYS: tuple[str, ...] = tuple(f"branch_{b}" for b in BRANCHES)
-NUM_ACTIONS = 3
 _zeros = nn.initializers.zeros
 
 
@@ -178,6 +176,7 @@ class Network(nn.Module):
 
     cfg: ModelConfig
     obs_dim: int
+    kan_backend: str = "auto"
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -188,7 +187,7 @@ class Network(nn.Module):
 
         def branch(name: str) -> Branch:
             return Branch(
-                c.ah, c.num_atoms, c.kan, c.kan_grid_min, c.kan_grid_max, c.kan_backend, name=name
+                c.ah, c.num_atoms, c.kan, c.kan_grid_min, c.kan_grid_max, self.kan_backend, name=name
             )
 
         logits_dir = branch("branch_direction")(h_m)
@@ -230,9 +229,10 @@ class Model:
 _COORD_KEYS = ("attention", "graph", "denoiser")
 
 
-def make_model(cfg: ModelConfig, obs_dim: int) -> Model:
-    """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``."""
-    net = Network(cfg, obs_dim)
+def make_model(cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto") -> Model:
+    """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
+    ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``)."""
+    net = Network(cfg, obs_dim, kan_backend)
     sel = Selectivity()
     coord = make_coordination(cfg)
     cell = make_xlstm(cfg)
@@ -283,9 +283,11 @@ def make_model(cfg: ModelConfig, obs_dim: int) -> Model:
     )
 
 
-def init(key: Array, cfg: ModelConfig, obs_dim: int) -> tuple[Params, Model]:
+def init(
+    key: Array, cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto"
+) -> tuple[Params, Model]:
     """``(params, model)``: a fresh parameter tree and the model's pure functions."""
-    model = make_model(cfg, obs_dim)
+    model = make_model(cfg, obs_dim, kan_backend=kan_backend)
     return model.init(key), model
 
 

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import Array
 
+from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import ModelConfig
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "make_xlstm",
 ]
 
-NUM_INPUTS = 12  # 4 branches × (mean Q, Q-gap, Q-std)
+NUM_INPUTS = NUM_BRANCHES * 3  # per branch: mean Q, Q-gap, Q-std
 
 
 @struct.dataclass

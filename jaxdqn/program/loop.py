@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from jaxdqn import config as config_lib
-from jaxdqn.agent import acting, iteration, optim
+from jaxdqn.agent import iteration, optim
 from jaxdqn.agent import state as train_state
-from jaxdqn.agent.support import support_grid
+from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.config import Config
 from jaxdqn.evaluation import baselines
 from jaxdqn.evaluation import walk as evaluate
@@ -39,8 +39,6 @@ from jaxdqn.program import checkpoint, plateau, report
 from jaxdqn.program import logger as logger_lib
 
 __all__ = ["HostState", "Trainer", "TrainingError", "choose_run_dir"]
-
-EVAL_Q_STD_ALPHA = 0.3
 
 
 class TrainingError(RuntimeError):
@@ -151,17 +149,14 @@ class Trainer:
         self._stop = False
         self.prepared = market_setup.prepare(cfg)
         p = self.prepared
-        lo, hi = p.bar_range("train")
-        self.setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
+        self.agent = build_agent(cfg, p)
         self.num_seeds = cfg.train.num_seeds
-        self.iterate = iteration.make_iteration(self.setup, num_seeds=self.num_seeds)
+        self.iterate = iteration.make_iteration(self.agent, num_seeds=self.num_seeds)
         # One jitted initialiser: also the restore template of run, finish and evaluate.
-        self._init = train_state.make_init(self.setup, num_seeds=self.num_seeds)
-        self.policy = acting.make_eval_policy(
-            self.setup.model, iqn=cfg.learner.iqn_blend, sizing=cfg.learner.position_sizing
-        )
+        self._init = make_init(self.agent, num_seeds=self.num_seeds)
+        self.policy = self.agent.acting.eval_policy
         vlo, vhi = p.eval_range("val")
-        model, env_params = self.setup.model, p.params
+        model, env_params = self.agent.model, p.env_params
         self._spread = jax.jit(
             jax.vmap(
                 lambda params, vmin, dz: evaluate.value_spread(
@@ -185,7 +180,7 @@ class Trainer:
     def seed_params(self, state: train_state.TrainState, s: int):
         """``(params, v_min, Δz, readiness)`` of seed ``s`` for the evaluation policy."""
         take = lambda x: x[s]
-        v_min, dz = support_grid(jax.tree.map(take, state.support), self.cfg.model.num_atoms)
+        v_min, dz = self.agent.dynamics.grid(jax.tree.map(take, state.dynamics))
         return (
             jax.tree.map(take, state.params),
             v_min,
@@ -199,7 +194,7 @@ class Trainer:
         lo, hi = p.eval_range(split)
         return evaluate.walk(
             p.market,
-            p.params,
+            p.env_params,
             lo,
             hi,
             self.policy,
@@ -211,32 +206,33 @@ class Trainer:
 
     def validate(self, state) -> tuple[list[evaluate.EvalResult], np.ndarray]:
         results = [self.walk(state, "val", s) for s in range(self.num_seeds)]
-        v_min, dz = support_grid(state.support, self.cfg.model.num_atoms)  # [S] each
+        v_min, dz = self.agent.dynamics.grid(state.dynamics)  # [S] each
         spread = np.asarray(self._spread(state.params, v_min, dz))
         return results, spread
 
     # ------------------------------------------------------------------------- schedule
     def schedule(self, state, host: HostState) -> tuple[Any, float, bool]:
         """O2 learning rate (+ O3 at a restart) and the A2 readiness for ``host.epoch``."""
-        tc, lc = self.cfg.train, self.cfg.learner
+        oc, ac = self.cfg.optim, self.cfg.acting
         cycle_epoch = host.epoch - host.cycle_start
-        lr = optim.sgdr_learning_rate(cycle_epoch, lc.lr, tc.sgdr_period, tc.sgdr_floor)
-        restart = optim.is_restart(cycle_epoch, tc.sgdr_period) and host.iteration == 0
+        lr = optim.sgdr_learning_rate(cycle_epoch, oc.lr, oc.sgdr_period, oc.sgdr_floor)
+        restart = optim.is_restart(cycle_epoch, oc.sgdr_period) and host.iteration == 0
         opt_state = state.opt_state
         if restart:
-            opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, tc.restart_moment_scale))(
+            opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, oc.restart_moment_scale))(
                 opt_state
             )
         opt_state = jax.vmap(lambda o: optim.set_learning_rate(o, lr))(opt_state)
-        r0 = lc.iqn_readiness
-        readiness = min(1.0, r0 + (1.0 - r0) * host.epoch / tc.iqn_readiness_epochs)
+        r0 = ac.iqn_readiness
+        readiness = min(1.0, r0 + (1.0 - r0) * host.epoch / ac.iqn_readiness_epochs)
         eval_std = host.eval_q_std_ema if host.eval_q_std_ema else [0.0] * self.num_seeds
         state = state.replace(opt_state=opt_state)
-        state = train_state.set_host_scalars(
-            state,
+        dynamics = self.agent.dynamics.set_host_inputs(
+            state.dynamics,
             iqn_readiness=np.full(self.num_seeds, readiness, np.float32),
             eval_q_std_ema=np.asarray(eval_std, np.float32),
         )
+        state = state.replace(dynamics=dynamics)
         return state, lr, restart
 
     # ----------------------------------------------------------------------------- run
@@ -343,10 +339,7 @@ class Trainer:
         results, spread = self.validate(state)
         val = {k: float(np.nanmean([r.metrics[k] for r in results])) for k in results[0].metrics}
         val_sharpe = float(np.mean([r.metrics["sharpe"] for r in results]))
-        prev = host.eval_q_std_ema or list(spread)
-        host.eval_q_std_ema = [
-            float(p + EVAL_Q_STD_ALPHA * (s - p)) for p, s in zip(prev, spread, strict=True)
-        ]
+        host.eval_q_std_ema = self.agent.dynamics.next_eval_q_std(host.eval_q_std_ema, spread)
 
         q_gap = np.asarray(jax.device_get(state.dynamics.q_gap)).mean(axis=0)
         plateau_state, rep = plateau.observe(plateau_state, val_sharpe, tuple(q_gap), tc)
@@ -374,7 +367,7 @@ class Trainer:
         host.wall_time = time.time() - start_wall
         saved_metric = math.nan if rewound else val_sharpe
 
-        lc = cfg.learner
+        ac = cfg.acting
         record: dict[str, Any] = {"epoch": host.epoch, "wall_time": host.wall_time}
         record.update(
             {
@@ -400,8 +393,10 @@ class Trainer:
             fault_events=host.fault_events,
             checkpoints=kept_after_save(ckpt, host.total_iterations, saved_metric, tc),
             best_epoch=host.best_epoch,
-            env_steps_per_s=run_iters * lc.act_steps * lc.num_envs * self.num_seeds / elapsed,
-            updates_per_s=float(np.nansum(stacked["learning"][-run_iters:])) * lc.updates / elapsed
+            env_steps_per_s=run_iters * ac.steps * ac.num_envs * self.num_seeds / elapsed,
+            updates_per_s=float(np.nansum(stacked["learning"][-run_iters:]))
+            * cfg.optim.updates
+            / elapsed
             if stacked
             else 0.0,
         )
@@ -427,7 +422,7 @@ class Trainer:
         if host.consecutive_faults >= self.cfg.train.max_faults:
             raise TrainingError(
                 f"non-finite loss or parameters in {host.consecutive_faults} consecutive epochs "
-                f"(last at epoch {host.epoch}); stopping. Lower learner.lr or check the data."
+                f"(last at epoch {host.epoch}); stopping. Lower optim.lr or check the data."
             )
         good, good_host, step = ckpt.restore("latest", state)
         restored = HostState.from_json(good_host)

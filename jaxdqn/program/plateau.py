@@ -37,17 +37,16 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import TrainConfig
 
 __all__ = [
-    "NUM_BRANCHES",
     "PlateauReport",
     "PlateauState",
     "after_rewind",
     "observe",
 ]
 
-NUM_BRANCHES = 4
 Fired = Literal["none", "q_gap", "sharpe", "both"]
 Action = Literal["none", "reset_branches", "rewind"]
 

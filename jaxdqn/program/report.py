@@ -590,7 +590,7 @@ def _config_rows(cfg: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         data += f"; train {get('data.train_frac')}, val {get('data.val_frac')} of the bars"
     off = sorted(
         f"{section}.{k}"
-        for section in ("model", "learner", "train")
+        for section in ("model", "acting", "replay", "loss", "dynamics", "train")
         for k, v in (get(section, {}) or {}).items()
         if v is False
     )
@@ -600,12 +600,12 @@ def _config_rows(cfg: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         (
             "schedule",
             f"{get('train.epochs')} epochs × {get('train.iterations_per_epoch')} iterations; "
-            f"SGDR period {get('train.sgdr_period')} epochs, base lr {get('learner.lr')}",
+            f"SGDR period {get('optim.sgdr_period')} epochs, base lr {get('optim.lr')}",
         ),
         (
             "iteration",
-            f"{get('learner.num_envs')} envs × {get('learner.act_steps')} steps, "
-            f"{get('learner.updates')} updates × batch {get('learner.batch_size')}",
+            f"{get('acting.num_envs')} envs × {get('acting.steps')} steps, "
+            f"{get('optim.updates')} updates × batch {get('replay.batch_size')}",
         ),
         (
             "model",

@@ -1,0 +1,162 @@
+"""The agent builder: ``build_agent(cfg, market) -> Agent``, the one place the pieces meet.
+
+Each factory closes over its own config section (``make_replay(cfg.replay, ...)``,
+``make_loss(cfg.loss, ...)``, ``make_dynamics(cfg.dynamics, ...)``), so the jitted functions
+take arrays and states only. :class:`Agent` is static (hashable by identity) and is closed over
+by the jitted iteration and initialiser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, replay
+from jaxdqn.agent.state import TrainState
+from jaxdqn.branches import NUM_BRANCHES
+from jaxdqn.config import Config, ReplayConfig
+from jaxdqn.market import env as env_lib
+from jaxdqn.market.market import Prepared
+from jaxdqn.model import network
+
+__all__ = ["Agent", "build_agent", "make_replay"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """Static pieces of one agent, built once per run.
+
+    Attributes:
+      model: network functions (:func:`jaxdqn.model.network.make_model`).
+      env_params: static environment parameters.
+      lo, hi: the train split's decision bar range of the acting environments.
+      obs_dim: observation width.
+      acting: the acting pipeline (A1–A3) with ``E`` environments and ``K`` steps.
+      replay: prioritised replay functions (L8).
+      nstep: the n-step accumulator (γⁿ bootstrap).
+      optimizer: the O1 optax transformation.
+      dynamics: the training-statistics functions (L7, EMAs, M13/M14 state).
+      learner: one learner update (L1–L8).
+      reward_scale: learning rewards = reward_scale × log equity return.
+      selectivity: whether M12 scales insertion priorities.
+      learning_starts: replay size before the first update.
+      updates: ``U`` learner updates per iteration.
+    """
+
+    model: network.Model
+    env_params: env_lib.EnvParams
+    lo: int
+    hi: int
+    obs_dim: int
+    acting: acting.Acting
+    replay: replay.Replay
+    nstep: nstep.NStepAccumulator
+    optimizer: optax.GradientTransformation
+    dynamics: dynamics.Dynamics
+    learner: learner.Learner
+    reward_scale: float
+    selectivity: bool
+    learning_starts: int
+    updates: int
+
+    def init(self, market: env_lib.MarketData, key: chex.PRNGKey) -> TrainState:
+        """A fresh train state; every random choice is split from ``key`` (never re-created)."""
+        return init_train_state(self, market, key)
+
+
+def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
+    """L8 replay of n-step transitions with observations of width ``obs_dim``."""
+    item = nstep.Transition(
+        obs=jax.ShapeDtypeStruct((obs_dim,), jnp.float32),
+        action=jax.ShapeDtypeStruct((NUM_BRANCHES,), jnp.int32),
+        reward=jax.ShapeDtypeStruct((), jnp.float32),
+        discount=jax.ShapeDtypeStruct((), jnp.float32),
+        next_obs=jax.ShapeDtypeStruct((obs_dim,), jnp.float32),
+        selectivity=jax.ShapeDtypeStruct((), jnp.float32),
+    )
+    alpha = cfg.priority_alpha if cfg.prioritised else 0.0
+    return replay.make_prioritised_replay(cfg.capacity, item, alpha=alpha)
+
+
+def build_agent(cfg: Config, market: Prepared) -> Agent:
+    """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split)."""
+    lo, hi = market.bar_range("train")
+    obs_dim = env_lib.obs_dim(market.env_params, market.features.values.shape[1])
+    model = network.make_model(cfg.model, obs_dim, kan_backend=cfg.kernels.kan)
+    buffer = make_replay(cfg.replay, obs_dim)
+    oc = cfg.optim
+    optimizer = optim.make_optimizer(
+        network.param_labels,
+        lr=oc.lr,
+        clip_norm=oc.clip_norm,
+        aux_lr=oc.aux_lr,
+        xlstm_lr=oc.xlstm_lr,
+    )
+    dyn = dynamics.make_dynamics(cfg.dynamics, num_atoms=cfg.model.num_atoms)
+    update = learner.make_learner(
+        cfg.loss,
+        cfg.replay,
+        cfg.kernels,
+        model=model,
+        loss=losses.make_loss(cfg.loss, cfg.model, model),
+        replay=buffer,
+        optimizer=optimizer,
+        dynamics=dyn,
+    )
+    return Agent(
+        model=model,
+        env_params=market.env_params,
+        lo=int(lo),
+        hi=int(hi),
+        obs_dim=obs_dim,
+        acting=acting.make_acting(cfg.acting, model),
+        replay=buffer,
+        nstep=nstep.make_nstep_accumulator(cfg.loss.n_step, cfg.loss.gamma),
+        optimizer=optimizer,
+        dynamics=dyn,
+        learner=update,
+        reward_scale=cfg.loss.reward_scale,
+        selectivity=cfg.model.selectivity,
+        learning_starts=cfg.replay.learning_starts,
+        updates=cfg.optim.updates,
+    )
+
+
+def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey) -> TrainState:
+    """A fresh train state for ``agent``; every random choice is split from ``key``."""
+    num_envs = agent.acting.num_envs
+    k_params, k_env, k_run = jax.random.split(key, 3)
+    params = agent.model.init(k_params)
+    env_keys = jax.random.split(k_env, num_envs)
+    reset = jax.vmap(env_lib.reset, in_axes=(None, None, None, None, 0))
+    env_state, obs = reset(agent.env_params, market, agent.lo, agent.hi, env_keys)
+    state = TrainState(
+        params=params,
+        target_params=jax.tree.map(jnp.copy, params),
+        opt_state=agent.optimizer.init(params),
+        replay=agent.replay.init(),
+        nstep=agent.nstep.init(obs, jnp.zeros((num_envs, NUM_BRANCHES), jnp.int32)),
+        env=env_state,
+        obs=obs,
+        dynamics=agent.dynamics.init(agent.model.xlstm.init_state(), agent.acting.iqn_readiness),
+        key=k_run,
+        iteration=jnp.zeros((), jnp.int32),
+        updates=jnp.zeros((), jnp.int32),
+    )
+    # Distinct buffers for every leaf: the iteration donates the state, and a buffer shared by
+    # two leaves (e.g. one learning-rate array injected into two Adam states) cannot be donated
+    # twice.
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+
+
+def make_init(agent: Agent, *, num_seeds: int | None = None):
+    """``jit(agent.init)``: ``(market, key) -> TrainState``; with ``num_seeds`` it takes
+    ``keys [S, 2]`` and returns states with a leading seed axis."""
+    fn = lambda market, key: init_train_state(agent, market, key)
+    if num_seeds is not None:
+        fn = jax.vmap(fn, in_axes=(None, 0))
+    return jax.jit(fn)

@@ -1,0 +1,214 @@
+"""Training statistics: the one owner of the state that drives the training dynamics.
+
+Everything the learner and the acting policy adapt to, and nothing else, lives in
+:class:`DynamicsState` and is written only by the functions of :func:`make_dynamics`:
+
+====================== =========================================== ===========================
+state                  meaning                                     written by
+====================== =========================================== ===========================
+support                L7 adaptive support (centre, half-width)    ``observe_batch``
+reward_std_ema         EMA of the acting rewards' std (L5 scale)   ``observe_rollout``
+utilisation_ema        EMA of the atom utilisation (L4 ramp)       ``observe_batch``
+q_mean, q_gap, q_std   ``[4]`` EMAs of the batch Q statistics      ``observe_batch``
+                       (O5 reads the Q-gap EMA once per epoch)
+last_stats             ``[4, 3]`` the previous batch's (mean Q,    ``observe_batch``
+                       Q-gap, Q-std), M13's input
+xlstm                  M13 recurrent state                         ``observe_batch``
+liquid                 M14 state; ``liquid.mod`` scales L3         ``observe_batch``
+eval_q_std_ema         EMA of the validation Q spread (M14 target) ``set_host_inputs``
+iqn_readiness          A2 blend weight                             ``set_host_inputs``
+====================== =========================================== ===========================
+
+Every EMA ``x ← x + α (new − x)``; the reward-std EMA is seeded by its first observation (an
+EMA started at 0 would make the early scale meaningless). Rates come from
+:class:`~jaxdqn.config.DynamicsConfig`. The support (:mod:`jaxdqn.agent.support`) and liquid
+(:mod:`jaxdqn.agent.liquid`) math live in their own modules; this one is their only caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxdqn.agent.liquid import LiquidInputs, LiquidState, make_liquid
+from jaxdqn.agent.support import SupportState, init_support, support_grid, update_support
+from jaxdqn.branches import NUM_BRANCHES
+from jaxdqn.config import DynamicsConfig
+from jaxdqn.model.xlstm import XLSTMState, batch_statistics
+
+__all__ = ["BatchObservation", "Dynamics", "DynamicsState", "make_dynamics"]
+
+
+@struct.dataclass
+class DynamicsState:
+    """Training statistics of one agent, on device (float32 unless noted); see the module
+    docstring for the meaning and the writer of each field."""
+
+    support: SupportState
+    reward_std_ema: chex.Array
+    utilisation_ema: chex.Array
+    q_mean: chex.Array
+    q_gap: chex.Array
+    q_std: chex.Array
+    last_stats: chex.Array
+    xlstm: XLSTMState
+    liquid: LiquidState
+    eval_q_std_ema: chex.Array
+    iqn_readiness: chex.Array
+
+
+class BatchObservation(NamedTuple):
+    """What one learner update saw (no gradient).
+
+    Attributes:
+      q_mean: ``[B, 4, 3]`` E[Q] of the online network on the batch.
+      utilisation: scalar atom utilisation of its distributions.
+      xlstm: the M13 state after this update's step (from the L6 prediction loss).
+      context: ``[d]`` the M13 context vector of that step.
+    """
+
+    q_mean: chex.Array
+    utilisation: chex.Array
+    xlstm: XLSTMState
+    context: chex.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Dynamics:
+    """Pure functions over :class:`DynamicsState` (from :func:`make_dynamics`).
+
+    - ``init(xlstm_state, iqn_readiness) -> DynamicsState``
+    - ``grid(state) -> (v_min, Δz)`` of the current support (scalars, or ``[S]`` for a
+      population's stacked state)
+    - ``observe_rollout(state, reward [K, E]) -> state``: the reward-std EMA
+    - ``observe_batch(state, BatchObservation) -> (state, metrics)``: L7, the Q EMAs, M13, M14
+    - ``set_host_inputs(state, iqn_readiness=, eval_q_std_ema=) -> state`` (host side)
+    - ``next_eval_q_std(previous, spread) -> list[float]`` the host EMA of the validation Q
+      spread (seeded by the first spread)
+    """
+
+    num_atoms: int
+    init: Callable[[XLSTMState, float], DynamicsState]
+    grid: Callable[[DynamicsState], tuple[chex.Array, chex.Array]]
+    observe_rollout: Callable[[DynamicsState, chex.Array], DynamicsState]
+    observe_batch: Callable[
+        [DynamicsState, BatchObservation], tuple[DynamicsState, dict[str, chex.Array]]
+    ]
+    set_host_inputs: Callable[..., DynamicsState]
+    next_eval_q_std: Callable[[Sequence[float] | None, Any], list[float]]
+
+
+def make_dynamics(cfg: DynamicsConfig, *, num_atoms: int) -> Dynamics:
+    """Factory of the training-statistics functions for ``cfg`` and ``num_atoms`` atoms."""
+    alpha = cfg.stats_alpha
+    adaptive = cfg.adaptive_support
+    base_alpha, max_alpha = cfg.support_alpha, cfg.support_max_alpha
+    half_width0 = cfg.support_half_width
+    eval_alpha = cfg.eval_q_std_alpha
+    liquid = make_liquid(cfg)
+
+    def init(xlstm: XLSTMState, iqn_readiness: float) -> DynamicsState:
+        f32 = lambda v: jnp.asarray(v, jnp.float32)
+        z4 = jnp.zeros((NUM_BRANCHES,), jnp.float32)
+        return DynamicsState(
+            support=init_support(0.0, half_width0),
+            reward_std_ema=f32(0.0),
+            utilisation_ema=f32(1.0),
+            q_mean=z4,
+            q_gap=z4,
+            q_std=z4,
+            last_stats=jnp.zeros((NUM_BRANCHES, 3), jnp.float32),
+            xlstm=xlstm,
+            liquid=liquid.init_state(),
+            eval_q_std_ema=f32(0.0),
+            iqn_readiness=f32(iqn_readiness),
+        )
+
+    def grid(state: DynamicsState) -> tuple[chex.Array, chex.Array]:
+        return support_grid(state.support, num_atoms)
+
+    def observe_rollout(state: DynamicsState, reward: chex.Array) -> DynamicsState:
+        std = jnp.std(reward)
+        old = state.reward_std_ema
+        seeded = old > 0
+        return state.replace(reward_std_ema=jnp.where(seeded, old + alpha * (std - old), std))
+
+    def observe_batch(
+        state: DynamicsState, seen: BatchObservation
+    ) -> tuple[DynamicsState, dict[str, chex.Array]]:
+        stats = batch_statistics(seen.q_mean)  # [4, 3]: mean Q, Q-gap, Q-std per branch
+        support = state.support
+        if adaptive:
+            support = update_support(
+                support,
+                seen.q_mean.mean(),
+                stats[:, 1].mean(),
+                seen.q_mean.std(),
+                base_alpha=base_alpha,
+                max_alpha=max_alpha,
+            )
+        ema = lambda old, new: old + alpha * (new - old)
+        liquid_state, liquid_mod = liquid.step(
+            state.liquid,
+            LiquidInputs(
+                q_gap=stats[:, 1],
+                eval_q_std_ema=state.eval_q_std_ema,
+                context_norm=jnp.linalg.norm(seen.context),
+            ),
+        )
+        new = state.replace(
+            support=support,
+            utilisation_ema=ema(state.utilisation_ema, seen.utilisation),
+            q_mean=ema(state.q_mean, stats[:, 0]),
+            q_gap=ema(state.q_gap, stats[:, 1]),
+            q_std=ema(state.q_std, stats[:, 2]),
+            last_stats=stats,
+            xlstm=seen.xlstm,
+            liquid=liquid_state,
+        )
+        metrics = {
+            "q_mean": stats[:, 0],
+            "q_gap": stats[:, 1],
+            "q_std": stats[:, 2],
+            "support_centre": support.centre,
+            "support_half_width": support.half_width,
+            "liquid_mod": liquid_mod,
+            "liquid_tau": liquid_state.tau,
+            "liquid_rk4": liquid_state.used_rk4.astype(jnp.float32),
+        }
+        return new, metrics
+
+    def set_host_inputs(state: DynamicsState, **values: Any) -> DynamicsState:
+        """Write ``iqn_readiness`` / ``eval_q_std_ema`` as float32 arrays of the existing
+        shape, so the jitted iteration sees the same avals and never recompiles."""
+        unknown = set(values) - {"iqn_readiness", "eval_q_std_ema"}
+        if unknown:
+            raise TypeError(f"set_host_inputs: not host inputs: {sorted(unknown)}")
+        updates = {}
+        for name, v in values.items():
+            old = getattr(state, name)
+            updates[name] = jnp.broadcast_to(jnp.asarray(v, jnp.float32), old.shape)
+        return state.replace(**updates)
+
+    def next_eval_q_std(previous: Sequence[float] | None, spread: Any) -> list[float]:
+        # numpy scalars on purpose: the result is float32 arithmetic, as recorded runs expect.
+        spread = np.asarray(spread).reshape(-1)
+        prev = list(previous) if previous else list(spread)
+        return [float(p + eval_alpha * (s - p)) for p, s in zip(prev, spread, strict=True)]
+
+    return Dynamics(
+        num_atoms=num_atoms,
+        init=init,
+        grid=grid,
+        observe_rollout=observe_rollout,
+        observe_batch=observe_batch,
+        set_host_inputs=set_host_inputs,
+        next_eval_q_std=next_eval_q_std,
+    )

@@ -1,0 +1,51 @@
+"""Typed configuration: one small frozen dataclass per concept (:mod:`.sections`), loaded from
+YAML with dotted ``key=value`` overrides (:mod:`.loading`). Read by every layer."""
+
+from jaxdqn.config.loading import MOVED, commented_yaml, describe, dump, load, to_dict
+from jaxdqn.config.sections import (
+    ALL_OFF,
+    SWITCHES,
+    ActingConfig,
+    BaselineConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DynamicsConfig,
+    EnvConfig,
+    EvalConfig,
+    FeatureConfig,
+    KernelsConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    ReplayConfig,
+    SyntheticConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "ALL_OFF",
+    "MOVED",
+    "SWITCHES",
+    "ActingConfig",
+    "BaselineConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DynamicsConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "FeatureConfig",
+    "KernelsConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ReplayConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "commented_yaml",
+    "describe",
+    "dump",
+    "load",
+    "to_dict",
+]
