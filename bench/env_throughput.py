@@ -59,19 +59,19 @@ def synthetic_market(num_bars: int, num_features: int, seed: int = 0) -> E.Marke
     )
 
 
-def make_rollout(params: E.EnvParams, num_envs: int, steps: int, variant: str):
+def make_rollout(env_params: E.EnvParams, num_envs: int, steps: int, variant: str):
     """Jitted ``(market, states, obs, key) -> carry`` running ``steps`` batched env steps."""
     ones = jnp.ones((num_envs,), jnp.float32)
 
     if variant == "full":
-        step_fn = jax.vmap(partial(E.step_autoreset, params), in_axes=(None, 0, 0, 0))
+        step_fn = jax.vmap(partial(E.step_autoreset, env_params), in_axes=(None, 0, 0, 0))
 
         def one(market, states, obs, actions):
             states, obs, reward, done, _ = step_fn(market, states, actions, ones)
             return states, obs, reward, done
 
     elif variant == "no_reset":  # diagnostic: step without auto-reset (episodes run on)
-        step_fn = jax.vmap(partial(E.step, params), in_axes=(None, 0, 0, 0))
+        step_fn = jax.vmap(partial(E.step, env_params), in_axes=(None, 0, 0, 0))
 
         def one(market, states, obs, actions):
             # keep t inside the data: wrap around instead of resetting
@@ -80,7 +80,7 @@ def make_rollout(params: E.EnvParams, num_envs: int, steps: int, variant: str):
             return states, obs, reward, done
 
     elif variant == "no_obs":  # diagnostic: transition only (no observation, no reset)
-        trans = jax.vmap(partial(E._transition, params), in_axes=(None, 0, 0, 0))
+        trans = jax.vmap(partial(E._transition, env_params), in_axes=(None, 0, 0, 0))
 
         def one(market, states, obs, actions):
             states = states.replace(t=jnp.minimum(states.t, market.num_bars - 2))
@@ -88,10 +88,10 @@ def make_rollout(params: E.EnvParams, num_envs: int, steps: int, variant: str):
             return nxt, obs, reward, done
 
     elif variant == "obs_only":  # diagnostic: the observation gather of a moving t
-        observe = jax.vmap(partial(E.observe, params), in_axes=(None, 0))
+        observe = jax.vmap(partial(E.observe, env_params), in_axes=(None, 0))
 
         def one(market, states, obs, actions):
-            lo = params.window - 1
+            lo = env_params.window - 1
             t = lo + (states.t + 1 + actions[:, 0] - lo) % (market.num_bars - 1 - lo)
             states = states.replace(t=t)
             return states, observe(market, states), jnp.zeros_like(ones), t < 0
@@ -120,11 +120,11 @@ def make_rollout(params: E.EnvParams, num_envs: int, steps: int, variant: str):
     return jax.jit(rollout, donate_argnums=(1, 2))
 
 
-def measure(market, params, num_envs, steps, repeats, variant, lo, hi, dump_hlo=None):
+def measure(market, env_params, num_envs, steps, repeats, variant, lo, hi, dump_hlo=None):
     keys = jax.random.split(jax.random.PRNGKey(num_envs), num_envs)
-    reset_b = jax.jit(jax.vmap(partial(E.reset, params), in_axes=(None, None, None, 0)))
+    reset_b = jax.jit(jax.vmap(partial(E.reset, env_params), in_axes=(None, None, None, 0)))
     states, obs = reset_b(market, lo, hi, keys)
-    rollout = make_rollout(params, num_envs, steps, variant)
+    rollout = make_rollout(env_params, num_envs, steps, variant)
     key = jax.random.PRNGKey(1)
     if dump_hlo:
         Path(dump_hlo).write_text(rollout.lower(market, states, obs, key).compile().as_text())
@@ -172,7 +172,7 @@ def main(argv=None) -> None:
     on_gpu = device.platform == "gpu"
     steps = args.steps or (1000 if on_gpu else 20)
     env_counts = [int(v) for v in args.envs.split(",")]
-    params = E.EnvParams.from_config(EnvConfig(), args.window)
+    env_params = E.EnvParams.from_config(EnvConfig(), args.window)
     market = synthetic_market(args.bars, args.features)
     lo, hi = 252, args.bars
 
@@ -182,7 +182,7 @@ def main(argv=None) -> None:
     rows = []
     for variant, n in runs:
         dump = args.dump_hlo if (variant, n) == ("full", env_counts[-1]) else None
-        r = measure(market, params, n, steps, args.repeats, variant, lo, hi, dump)
+        r = measure(market, env_params, n, steps, args.repeats, variant, lo, hi, dump)
         rows.append(r)
         print(json.dumps(r), flush=True)
 
@@ -195,8 +195,8 @@ def main(argv=None) -> None:
         "bars": args.bars,
         "features": args.features,
         "window": args.window,
-        "obs_dim": E.obs_dim(params, args.features),
-        "episode_length": params.episode_length,
+        "obs_dim": E.obs_dim(env_params, args.features),
+        "episode_length": env_params.episode_length,
     }
     if args.json:
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows}, indent=1))
@@ -204,7 +204,7 @@ def main(argv=None) -> None:
     print(
         f"env throughput  {header['date']}  jax {header['jax']}  device {header['device']}  "
         f"market {args.bars} bars x {args.features} features, window {args.window}, "
-        f"obs_dim {header['obs_dim']}, H {params.episode_length}"
+        f"obs_dim {header['obs_dim']}, H {env_params.episode_length}"
     )
     print(f"{'variant':<9} {'envs':>8} {'K':>6} {'median ms/call':>15} {'steps/s':>12}")
     for r in rows:

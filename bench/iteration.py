@@ -21,9 +21,10 @@ import jax.numpy as jnp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jaxdqn import config, train_state  # noqa: E402
-from jaxdqn.agent import iteration, learner
-from jaxdqn.market import market as market_setup
+from jaxdqn import config  # noqa: E402
+from jaxdqn.agent import iteration  # noqa: E402
+from jaxdqn.agent.build import build_agent, make_init  # noqa: E402
+from jaxdqn.market import market as market_setup  # noqa: E402
 
 ALL_OFF = list(config.ALL_OFF)
 
@@ -50,33 +51,31 @@ def matmul_rate(n: int) -> float:
 def build(base: str, overrides: list[str], prepared=None):
     cfg = config.load(base, overrides)
     p = prepared or market_setup.prepare(cfg)
-    lo, hi = p.bar_range("train")
-    setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
-    return p, setup
+    return p, cfg, build_agent(cfg, p)
 
 
-def fill_replay(setup, state, market):
+def fill_replay(cfg, agent, state, market):
     """Acting until the replay holds enough transitions to sample a batch."""
     step = jax.jit(
-        lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)), donate_argnums=0
+        lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)), donate_argnums=0
     )
-    need = max(setup.cfg.learner.batch_size, setup.cfg.learner.learning_starts)
+    need = max(cfg.replay.batch_size, cfg.replay.learning_starts)
     while int(state.replay.size) < need:
         state = step(state, market)
     return state
 
 
 def bench_learner(base, extra, batch, updates, prepared, envs):
-    p, setup = build(
+    p, cfg, agent = build(
         base,
-        [*extra, f"learner.batch_size={batch}", f"learner.num_envs={envs}",
-         f"learner.learning_starts={batch}", "learner.act_steps=16",
-         "learner.replay_capacity=1048576"],
+        [*extra, f"replay.batch_size={batch}", f"acting.num_envs={envs}",
+         f"replay.learning_starts={batch}", "acting.steps=16",
+         "replay.capacity=1048576"],
         prepared,
     )  # fmt: skip
-    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
-    state = fill_replay(setup, state, p.market)
-    run = lambda s: jax.lax.scan(lambda c, _: learner.update(setup, c), s, None, updates)
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
+    state = fill_replay(cfg, agent, state, p.market)
+    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, updates)
     f = jax.jit(run, donate_argnums=0)
     t0 = time.perf_counter()
     compiled = f.lower(state).compile()
@@ -96,14 +95,14 @@ def bench_learner(base, extra, batch, updates, prepared, envs):
 
 
 def bench_acting(base, extra, envs, steps, prepared):
-    p, setup = build(
+    p, _, agent = build(
         base,
-        [*extra, f"learner.num_envs={envs}", f"learner.act_steps={steps}",
-         "learner.learning_starts=1048576", "learner.replay_capacity=1048576"],
+        [*extra, f"acting.num_envs={envs}", f"acting.steps={steps}",
+         "replay.learning_starts=1048576", "replay.capacity=1048576"],
         prepared,
     )  # fmt: skip
-    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
-    f = jax.jit(lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)), donate_argnums=0)
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
+    f = jax.jit(lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)), donate_argnums=0)
     state = f(state, p.market)
     jax.block_until_ready(state)
     times = []
@@ -116,9 +115,9 @@ def bench_acting(base, extra, envs, steps, prepared):
 
 
 def bench_compile(base, extra, prepared):
-    p, setup = build(base, extra, prepared)
-    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
-    it = jax.jit(lambda s, m: iteration.iteration(setup, s, m), donate_argnums=0)
+    p, _, agent = build(base, extra, prepared)
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
+    it = jax.jit(lambda s, m: iteration.iteration(agent, s, m), donate_argnums=0)
     t0 = time.perf_counter()
     it.lower(state, p.market).compile()
     return time.perf_counter() - t0

@@ -32,11 +32,12 @@ import jax.numpy as jnp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pallas_kernels
-from jaxdqn.config import MODEL_SWITCHES, ModelConfig
+from jaxdqn.config import SWITCHES, KernelsConfig, ModelConfig
+from jaxdqn.config.sections import BACKENDS
 from jaxdqn.model import network as N
 from jaxdqn.model.xlstm import batch_statistics
 
-OFF = dict.fromkeys(MODEL_SWITCHES, False)
+OFF = dict.fromkeys(SWITCHES["model"], False)
 
 
 def make_fns(model: N.Model, batch: int, iters: int):
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--iters", type=int, default=None, help="calls per timed loop")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--kan-backend",
+        default=KernelsConfig().kan,
+        choices=BACKENDS,
+        help="M4 gate implementation (config key kernels.kan)",
+    )
     args = ap.parse_args(argv)
 
     if args.tiny:
@@ -119,13 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"jax {jax.__version__} on {dev.platform}:{dev.device_kind}; obs_dim {args.obs_dim}; "
         f"SH1 {base.sh1} SH2 {base.sh2} AH {base.ah} R {base.vsn_hidden} N {base.num_atoms}; "
-        f"kan_backend {base.kan_backend}",
+        f"kernels.kan {args.kan_backend}",
         flush=True,
     )
 
     rows = []
     for name, cfg in (("all-on", base), ("all-off", dataclasses.replace(base, **OFF))):
-        params, model = N.init(jax.random.PRNGKey(0), cfg, args.obs_dim)
+        params, model = N.init(
+            jax.random.PRNGKey(0), cfg, args.obs_dim, kan_backend=args.kan_backend
+        )
         count = N.param_count(params)
         groups = {k: N.param_count(v) for k, v in params.items()}
         print(f"{name}: {count:,} parameters {groups}", flush=True)

@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.iteration import build, fill_replay  # noqa: E402
-from jaxdqn import train_state  # noqa: E402
-from jaxdqn.agent import learner
+from jaxdqn.agent.build import make_init  # noqa: E402
 
 LAUNCHING = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "dynamic-update-slice")
 
@@ -61,14 +60,14 @@ def main():
     args = ap.parse_args()
     base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
     envs = 64 if args.tiny else 4096
-    p, setup = build(
+    p, cfg, agent = build(
         base,
-        [f"learner.batch_size={args.batch}", f"learner.num_envs={envs}",
-         f"learner.learning_starts={args.batch}", "learner.replay_capacity=1048576"],
+        [f"replay.batch_size={args.batch}", f"acting.num_envs={envs}",
+         f"replay.learning_starts={args.batch}", "replay.capacity=1048576"],
     )  # fmt: skip
-    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
-    state = fill_replay(setup, state, p.market)
-    run = lambda s: jax.lax.scan(lambda c, _: learner.update(setup, c), s, None, args.updates)
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
+    state = fill_replay(cfg, agent, state, p.market)
+    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
     compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
     hlo = compiled.as_text()
     if args.hlo:

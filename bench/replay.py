@@ -27,21 +27,26 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from jaxdqn.agent.nstep import Transition
 from jaxdqn.agent.replay import make_prioritised_replay
+from jaxdqn.branches import NUM_BRANCHES
 
 
-def item_spec(obs_dim: int) -> dict:
+def item_spec(obs_dim: int) -> Transition:
+    """The agent's replay item (as :func:`jaxdqn.agent.build.make_replay` stores it): an n-step
+    transition with one int32 choice per branch and the M12 selectivity."""
     f32 = jnp.float32
-    return {
-        "obs": jax.ShapeDtypeStruct((obs_dim,), f32),
-        "action": jax.ShapeDtypeStruct((4,), jnp.int32),
-        "reward": jax.ShapeDtypeStruct((), f32),
-        "discount": jax.ShapeDtypeStruct((), f32),
-        "next_obs": jax.ShapeDtypeStruct((obs_dim,), f32),
-    }
+    return Transition(
+        obs=jax.ShapeDtypeStruct((obs_dim,), f32),
+        action=jax.ShapeDtypeStruct((NUM_BRANCHES,), jnp.int32),
+        reward=jax.ShapeDtypeStruct((), f32),
+        discount=jax.ShapeDtypeStruct((), f32),
+        next_obs=jax.ShapeDtypeStruct((obs_dim,), f32),
+        selectivity=jax.ShapeDtypeStruct((), f32),
+    )
 
 
-def make_items(spec: dict, num: int, key: jax.Array) -> dict:
+def make_items(spec: Transition, num: int, key: jax.Array) -> Transition:
     leaves, treedef = jax.tree.flatten(spec)
     keys = jax.random.split(key, len(leaves))
     out = [
@@ -90,7 +95,7 @@ def bench_fanout(args, fanout: int) -> dict:
     def loop_sample(state, key):
         def body(i, acc):
             s = replay.sample(state, jax.random.fold_in(key, i), batch, 0.4)
-            return acc + s.is_weights[0] + s.items["obs"][-1, 0] + s.indices[0]
+            return acc + s.is_weights[0] + s.items.obs[-1, 0] + s.indices[0]
 
         return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
 
@@ -114,7 +119,7 @@ def bench_fanout(args, fanout: int) -> dict:
     def learner_step(s, k):
         k1, k2 = jax.random.split(k)
         sample = replay.sample(s, k1, batch, 0.4)
-        loss = priorities(k2, batch) * sample.is_weights + sample.items["reward"]
+        loss = priorities(k2, batch) * sample.is_weights + sample.items.reward
         return replay.set_priorities(s, sample.indices, loss)
 
     def iteration_step(s, k):

@@ -105,7 +105,7 @@ def main() -> int:
     for name, argv in RUNS.items():
         run_dir = base / name
         cmd = [sys.executable, "-m", "jaxdqn.train", *argv, "--run-dir", str(run_dir)]
-        proc = subprocess.run(cmd + ["--no-progress"], cwd=ROOT, env=env, capture_output=True)
+        proc = subprocess.run([*cmd, "--no-progress"], cwd=ROOT, env=env, capture_output=True)
         if proc.returncode != 0:
             print(proc.stderr.decode()[-2000:], file=sys.stderr)
             rows.append((name, "(run)", f"exit code {proc.returncode}"))

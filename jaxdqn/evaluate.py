@@ -1,4 +1,4 @@
-"""``python -m jaxdqn.evaluate RUN_DIR [--split val|test] [--checkpoint best|latest|STEP] [k=v ...]``
+"""``python -m jaxdqn.evaluate RUN_DIR [--split val|test] [--checkpoint best|latest|STEP] [k=v]``
 
 Walks a saved agent deterministically over a split (:func:`jaxdqn.evaluation.walk.walk`) and
 writes ``RUN_DIR/eval/eval_<split>.csv`` and ``metrics_<split>.json``. Data, env (costs) and
@@ -17,8 +17,13 @@ def _main(argv) -> int:
     import sys
     from pathlib import Path
 
+    import jax
+
     from jaxdqn import config as config_lib
-    from jaxdqn.program import checkpoint, loop, report
+    from jaxdqn.agent.build import build_agent, make_init
+    from jaxdqn.market import market as market_lib
+    from jaxdqn.program import checkpoint, report
+    from jaxdqn.program.walks import walk_seed
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.evaluate",
@@ -56,12 +61,17 @@ def _main(argv) -> int:
                 f"--checkpoint: expected best, latest or a step number, got {which!r}"
             ) from None
     cfg = config_lib.load(saved, args.overrides)
-    trainer = loop.Trainer(cfg, run_dir, resume=True, progress=False)
+    prepared = market_lib.prepare(cfg)
+    agent = build_agent(cfg, prepared)
+    num_seeds = cfg.train.num_seeds
+    # The restore template: the abstract seed-stacked train state (nothing is computed).
+    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), num_seeds)
+    template = jax.eval_shape(make_init(agent, num_seeds=num_seeds), prepared.market, keys)
     ckpt = checkpoint.Checkpointer(
         run_dir / "checkpoints", keep_latest=cfg.train.keep_latest, keep_best=cfg.train.keep_best
     )
     try:
-        state, _, step = ckpt.restore(which, trainer.init_state())
+        state, _, step = ckpt.restore(which, template)
     except checkpoint.CheckpointError as e:
         print(f"python -m jaxdqn.evaluate: error: {e}", file=sys.stderr)
         return 1
@@ -69,7 +79,7 @@ def _main(argv) -> int:
         ckpt.close()
     out = Path(args.out) if args.out else run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
-    results = [trainer.walk(state, args.split, s) for s in range(trainer.num_seeds)]
+    results = [walk_seed(agent, prepared, cfg.eval, state, args.split, s) for s in range(num_seeds)]
     log_path = report.write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
     payload = {
         "run_dir": str(run_dir),

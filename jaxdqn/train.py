@@ -14,6 +14,7 @@ that cannot go on (repeated non-finite losses, no restorable checkpoint): exit c
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,25 @@ from jaxdqn.config import ConfigError
 from jaxdqn.program import cli
 
 RESUMABLE_KEYS = ("train.epochs",)
+
+
+def choose_run_dir(run_dir: str | None, root: str = "runs") -> Path:
+    """A new run directory: ``run_dir`` if it does not exist (or is empty), else an error;
+    without a name, ``runs/<timestamp>`` with a numeric suffix if that is taken."""
+    if run_dir is not None:
+        p = Path(run_dir)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise ConfigError(
+                f"--run-dir {p}: already exists and is not empty (use --resume {p} to continue "
+                "it, or choose another name)"
+            )
+        return p
+    base = Path(root) / time.strftime("%Y%m%d-%H%M%S")
+    p, k = base, 1
+    while p.exists():
+        p = base.with_name(f"{base.name}-{k}")
+        k += 1
+    return p
 
 
 def _resume_config(run_dir: Path, overrides: Sequence[str]) -> config_lib.Config:
@@ -68,7 +88,7 @@ def _main(argv: Sequence[str] | None) -> int:
         cfg = _resume_config(run_dir, args.overrides)
     else:
         cfg = cli.load_config(args)
-        run_dir = loop.choose_run_dir(args.run_dir)
+        run_dir = choose_run_dir(args.run_dir)
     try:
         trainer = loop.Trainer(
             cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress

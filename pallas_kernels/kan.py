@@ -1,40 +1,6 @@
-"""M4 / P2: the KAN spline gate — cubic B-spline basis + residual, per feature.
-
-Math (per feature f, for a pre-activation x):
-
-    h      = (grid_max - grid_min) / 5                     (5 uniform grid intervals)
-    knots  t_m = grid_min + (m - 3)·h,  m = 0 … 11         (3 extended knots on each side)
-    B_k    = the cubic B-spline on knots t_k … t_{k+4},  k = 0 … 7
-    gate(x) = Σ_k c[f, k]·B_k(clamp(x, grid_min, grid_max)) + w_res[f]·(sigmoid(x) − 1/2)
-
-Normalisation: the B_k are the standard (Cox–de Boor) B-splines, which form a partition of
-unity on [grid_min, grid_max]: Σ_k B_k(x) = 1 there. So c[f, k] = 1/2 for all k with
-w_res[f] = 0 gives a gate that is exactly 0.5 everywhere (inside the grid by partition of unity,
-outside it because the pre-activation is clamped). The seed's coefficient 0.125 corresponds to
-bases that sum to 4; ours sum to 1, hence 0.5.
-
-Closed form. With the local coordinate u = (clamp(x) − grid_min)/h ∈ [0, 5], the interval
-i = min(⌊u⌋, 4) and t = u − i ∈ [0, 1], only B_i … B_{i+3} are non-zero:
-
-    B_i     = (1 − t)³ / 6
-    B_{i+1} = (3t³ − 6t² + 4) / 6
-    B_{i+2} = (−3t³ + 3t² + 3t + 1) / 6
-    B_{i+3} = t³ / 6
-
-so the gate needs four coefficients per element and no [B, F, 8] intermediate. It is evaluated
-in the equivalent difference form
-
-    Σ_j c_{i+j} B_{i+j} = c_i + Σ_{j=1..3} (c_{i+j} − c_{i+j−1})·T_j,   T_j = Σ_{m≥j} B_{i+m}
-    T_1 = 1 − (1 − t)³/6,   T_2 = (−2t³ + 3t² + 3t + 1)/6,   T_3 = t³/6
-
-which uses partition of unity analytically, so equal coefficients give exactly c (0.5 at init,
-bit for bit in float32) instead of 0.5·(rounded sum of four weights).
-
-Residual r(x) = sigmoid(x) − 1/2. Why this one: (i) with c = 1/2 and w_res = 1 the gate is
-exactly sigmoid(x), the GLU gate M4 replaces, so the KAN gate strictly contains it; (ii) r is
-not clamped, so pre-activations outside the grid — where the spline part is flat — still get a
-gradient; (iii) r(0) = 0 and r is bounded, so the residual cannot blow the gate up; (iv)
-w_res = 0 removes it, leaving the flat 0.5 gate at initialisation.
+"""M4 / P2: the KAN spline gate's Pallas Triton kernels, forward and backward, under a
+``custom_vjp``; the math and the pure-jnp reference are in :mod:`pallas_kernels.kan_reference`
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -49,9 +15,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
-
-NUM_BASES = 8
-NUM_INTERVALS = NUM_BASES - 3  # cubic: bases = intervals + degree
+from pallas_kernels.kan_reference import (
+    NUM_BASES,
+    NUM_INTERVALS,
+    kan_gate_init,
+    kan_gate_reference,
+    spline_weights,
+    tail_weights,
+)
 
 __all__ = [
     "NUM_BASES",
@@ -65,108 +36,6 @@ __all__ = [
     "spline_weights",
     "tail_weights",
 ]
-
-
-def kan_gate_init(num_features: int) -> tuple[jax.Array, jax.Array]:
-    """The flat-gate initialisation: coeffs = 0.5 ([F, 8] float32), w_res = 0 ([F] float32).
-
-    With partition-of-unity bases (see the module docstring) this makes kan_gate(x) = 0.5 for
-    every x, inside or outside the grid.
-    """
-    coeffs = jnp.full((num_features, NUM_BASES), 0.5, dtype=jnp.float32)
-    w_res = jnp.zeros((num_features,), dtype=jnp.float32)
-    return coeffs, w_res
-
-
-def _clamp(x: jax.Array, lo: float, hi: float) -> jax.Array:
-    """clamp with d/dx = 1 on the closed grid [lo, hi] (jnp.clip gives 1/2 at the ends)."""
-    return jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
-
-
-def spline_weights(
-    x: jax.Array, grid_min: float, grid_max: float
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]:
-    """Interval index, the four non-zero basis values and the in-grid indicator at x.
-
-    Args:
-      x: pre-activations, any shape.
-      grid_min, grid_max: grid ends (python floats).
-
-    Returns:
-      (i, (w0, w1, w2, w3), inside): i int32 in [0, 4] (same shape as x) such that
-      B_{i+j}(clamp(x)) = w_j; inside is x in the closed grid (where d clamp/dx = 1).
-    """
-    h = (grid_max - grid_min) / NUM_INTERVALS
-    u = (_clamp(x, grid_min, grid_max) - grid_min) * (1.0 / h)
-    fi = jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
-    t = u - fi
-    s = 1.0 - t
-    t2 = t * t
-    t3 = t2 * t
-    sixth = 1.0 / 6.0
-    w0 = s * s * s * sixth
-    w1 = (3.0 * t3 - 6.0 * t2 + 4.0) * sixth
-    w2 = (-3.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth
-    w3 = t3 * sixth
-    inside = (x >= grid_min) & (x <= grid_max)
-    return fi.astype(jnp.int32), (w0, w1, w2, w3), inside
-
-
-def tail_weights(x: jax.Array, grid_min: float, grid_max: float) -> tuple[jax.Array, ...]:
-    """(i, T_1, T_2, T_3): interval index and the basis tail sums of the difference form."""
-    h = (grid_max - grid_min) / NUM_INTERVALS
-    u = (_clamp(x, grid_min, grid_max) - grid_min) * (1.0 / h)
-    fi = jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
-    t = u - fi
-    s = 1.0 - t
-    t2 = t * t
-    t3 = t2 * t
-    sixth = 1.0 / 6.0
-    tail1 = 1.0 - s * s * s * sixth
-    tail2 = (-2.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth
-    tail3 = t3 * sixth
-    return fi.astype(jnp.int32), tail1, tail2, tail3
-
-
-def _pick(i: jax.Array, coeffs: jax.Array, j: int) -> jax.Array:
-    """c[f, i + j] for every element, by a select chain over the 5 intervals ([B, F])."""
-    out = jnp.broadcast_to(coeffs[:, j], i.shape)
-    for m in range(1, NUM_INTERVALS):
-        out = jnp.where(i == m, coeffs[:, m + j], out)
-    return out
-
-
-def kan_gate_reference(
-    x: jax.Array,
-    coeffs: jax.Array,
-    w_res: jax.Array,
-    *,
-    grid_min: float = -3.0,
-    grid_max: float = 3.0,
-) -> jax.Array:
-    """Pure-jnp KAN gate (see the module docstring for the math), differentiable by autodiff.
-
-    Args:
-      x: pre-activations [B, F] (any leading shape [..., F] works).
-      coeffs: spline coefficients [F, 8].
-      w_res: residual weights [F].
-      grid_min, grid_max: grid ends; x is clamped to them for the spline part.
-
-    Returns:
-      gate [..., F], dtype of x.
-    """
-    if coeffs.ndim != 2 or coeffs.shape[1] != NUM_BASES:
-        raise ValueError(f"kan_gate: coeffs must be [F, {NUM_BASES}], got {coeffs.shape}")
-    if x.shape[-1] != coeffs.shape[0] or w_res.shape != (coeffs.shape[0],):
-        raise ValueError(
-            f"kan_gate: x [..., F], coeffs [F, 8], w_res [F] disagree: "
-            f"{x.shape}, {coeffs.shape}, {w_res.shape}"
-        )
-    i, tail1, tail2, tail3 = tail_weights(x, grid_min, grid_max)
-    coeffs = coeffs.astype(x.dtype)
-    c0, c1, c2, c3 = (_pick(i, coeffs, j) for j in range(4))
-    spline = c0 + (c1 - c0) * tail1 + (c2 - c1) * tail2 + (c3 - c2) * tail3
-    return spline + w_res.astype(x.dtype) * (jax.nn.sigmoid(x) - 0.5)
 
 
 # ----------------------------------------------------------------------------------------------

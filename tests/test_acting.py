@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 from jaxdqn.agent import acting
+from jaxdqn.branches import Action
+from jaxdqn.config import ActingConfig, ModelConfig
+from jaxdqn.model.network import make_model
 
 
 def test_a1_temperature_is_spread_with_floor():
@@ -59,3 +62,36 @@ def test_a3_scale_uses_the_taken_direction_variance():
     np.testing.assert_allclose(acting.position_scale(var, 2), 1 / 4.0, rtol=1e-6)
     # a tiny negative variance from round-off must not produce NaN
     assert np.isfinite(acting.position_scale(var.at[0, 0].set(-1e-9), 0))
+
+
+def test_a3_make_acting_decides_a_typed_action_per_environment():
+    """The acting pipeline returns ``Decision(action=Action(choice, scale), selectivity,
+    q_mean)``; A3 sizing scales by the taken direction's Var[Q], off gives scale 1."""
+    mcfg = ModelConfig(bottleneck_dim=0, sh1=8, sh2=8, ah=4, vsn_hidden=4, num_atoms=11)
+    model = make_model(mcfg, 5, kan_backend="reference")
+    params = model.init(jax.random.PRNGKey(0))
+    obs = jax.random.normal(jax.random.PRNGKey(1), (6, 5))
+    v_min, dz, readiness = jnp.float32(-1.0), jnp.float32(0.2), jnp.float32(0.3)
+    key = jax.random.PRNGKey(2)
+    on = acting.make_acting(ActingConfig(num_envs=6, steps=2), model)
+    assert (on.num_envs, on.steps) == (6, 2)
+    d = jax.jit(on.decide)(params, obs, v_min, dz, readiness, key)
+    assert isinstance(d.action, Action)
+    chex.assert_shape(d.action.choice, (6, 4))
+    assert d.action.choice.dtype == jnp.int32
+    assert np.all((np.asarray(d.action.choice) >= 0) & (np.asarray(d.action.choice) <= 2))
+    chex.assert_shape([d.action.scale, d.selectivity], [(6,), (6,)])
+    chex.assert_shape(d.q_mean, (6, 4, 3))
+    out = model.apply(params, obs, v_min, dz)
+    expect = jax.vmap(acting.position_scale)(out.q_var, d.action.choice[:, 0])
+    np.testing.assert_allclose(d.action.scale, expect, rtol=1e-6)
+    assert np.all(np.asarray(d.action.scale) < 1.0)
+    off = acting.make_acting(ActingConfig(position_sizing=False), model)
+    d_off = jax.jit(off.decide)(params, obs, v_min, dz, readiness, key)
+    np.testing.assert_array_equal(d_off.action.scale, 1.0)
+    np.testing.assert_array_equal(d_off.action.choice, d.action.choice)  # same key, same draw
+    # the evaluation policy is the same pipeline for one observation
+    choice, scale = on.eval_policy((params, v_min, dz, readiness), obs[0], 0, key)
+    one = on.decide(params, obs[:1], v_min, dz, readiness, key)
+    np.testing.assert_array_equal(choice, one.action.choice[0])
+    np.testing.assert_allclose(scale, one.action.scale[0], rtol=1e-6)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from jaxdqn import baselines as baselines_cli
 from jaxdqn import config
 from jaxdqn.evaluation import baselines
 from jaxdqn.evaluation import walk as evaluate
@@ -179,7 +180,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
         os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     )
     return subprocess.run(
-        [sys.executable, "-m", "jaxdqn.evaluation.baselines", *args],
+        [sys.executable, "-m", "jaxdqn.baselines", *args],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -208,7 +209,7 @@ def test_e3_cli_bad_key_exits_2_with_one_line():
 
 
 def test_e3_cli_data_error_exits_2_with_one_line(capsys, tmp_path):
-    code = baselines.main(["data.source=csv", f"data.path={tmp_path / 'missing.csv'}"])
+    code = baselines_cli.main(["data.source=csv", f"data.path={tmp_path / 'missing.csv'}"])
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "missing.csv" in err
@@ -216,7 +217,7 @@ def test_e3_cli_data_error_exits_2_with_one_line(capsys, tmp_path):
 
 def test_e3_cli_help_lists_every_config_key(capsys):
     with pytest.raises(SystemExit) as exc:
-        baselines.main(["--help"])
+        baselines_cli.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for key, default, _help in config.describe():

@@ -196,7 +196,9 @@ def test_o6_checkpoint_corrupt_best_falls_back_to_next_best(tmp_path, caplog):
         _, host, step = ckpt.restore("best", make_state(0))
     assert step == 2 and host["best"] == 5.0
     assert ckpt.best_step() == 2
-    assert any("step 1" in r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoint")
+    assert any(
+        "step 1" in r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoint"
+    )
 
 
 def test_o6_checkpoint_all_corrupt_raises(tmp_path, caplog):

@@ -1,10 +1,15 @@
 """Config loading: YAML + dotted overrides, unknown keys and bad values are one-line errors."""
 
+import dataclasses
+import subprocess
+import sys
+import typing
 from pathlib import Path
 
 import pytest
 
 from jaxdqn import config as C
+from jaxdqn.config.loading import DEFAULT_HEADER
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -28,10 +33,10 @@ def test_config_overrides_are_typed():
             "data.train_end=2011-06-30",
             "env.half_spread_bps=2",
             "model.vsn=false",
-            "learner.lr=1e-4",
+            "optim.lr=1e-4",
         ],
     )
-    assert cfg.learner.lr == 1e-4
+    assert cfg.optim.lr == 1e-4
     assert cfg.data.source == "synthetic"
     assert cfg.env.magnitude_levels == (0.1, 0.2, 0.3)
     assert cfg.data.train_end == "2011-06-30"  # YAML dates come back as ISO strings
@@ -99,15 +104,156 @@ def test_config_describe_lists_every_leaf_with_help():
 
 def test_config_default_yaml_is_generated_from_the_dataclasses():
     text = (CONFIGS / "default.yaml").read_text()
-    assert text == C.DEFAULT_HEADER + C.commented_yaml() + "\n"
+    assert text == DEFAULT_HEADER + C.commented_yaml() + "\n"
+
+
+def test_config_default_yaml_is_the_module_output():
+    # `python -m jaxdqn.config > configs/default.yaml` regenerates the file byte for byte.
+    out = subprocess.run(
+        [sys.executable, "-m", "jaxdqn.config"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=CONFIGS.parent,
+    ).stdout
+    assert out == (CONFIGS / "default.yaml").read_text()
+
+
+def _bools(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")}
 
 
 def test_config_all_off_switches_every_component():
     cfg = C.load(None, list(C.ALL_OFF))
-    assert not any(getattr(cfg.model, k) for k in C.MODEL_SWITCHES)
-    assert not any(getattr(cfg.learner, k) for k in C.LEARNER_SWITCHES)
     on = C.Config()
-    assert all(getattr(on.model, k) for k in C.MODEL_SWITCHES)  # default: all on
-    assert all(getattr(on.learner, k) for k in C.LEARNER_SWITCHES)
-    bools = {f.name for f in C.dataclasses.fields(C.ModelConfig) if f.type in (bool, "bool")}
-    assert bools == set(C.MODEL_SWITCHES)  # no model switch is missing from the list
+    for section, keys in C.SWITCHES.items():
+        assert not any(getattr(getattr(cfg, section), k) for k in keys), section
+        assert all(getattr(getattr(on, section), k) for k in keys), section  # default: all on
+    # The 17 component switches of the SPEC's M, L and A groups, none missing.
+    assert sum(len(keys) for keys in C.SWITCHES.values()) == 17
+    assert _bools(C.ModelConfig) == set(C.SWITCHES["model"])  # no model switch missing
+    hints = typing.get_type_hints(C.Config)
+    for section, keys in C.SWITCHES.items():
+        assert _bools(hints[section]) == set(keys), section
+    # L8 (prioritised replay) is not an ablation switch: ALL_OFF leaves it as configured.
+    assert cfg.replay.prioritised is True
+
+
+def _dotted_keys(cls, prefix: str = "") -> set[str]:
+    """Every dotted key of a config dataclass, sections and leaves alike."""
+    keys = set()
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        keys.add(key)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= _dotted_keys(hints[f.name], key + ".")
+    return keys
+
+
+@pytest.mark.parametrize(
+    ("override", "new"),
+    [
+        ("learner.gamma=0.9", "loss.gamma"),
+        ("model.liquid=false", "dynamics.liquid"),
+        ("learner.projection_backend=reference", "kernels.projection"),
+        ("train.sgdr_period=3", "optim.sgdr_period"),
+        ("model.kan_backend=reference", "kernels.kan"),
+        ("learner.num_envs=8", "acting.num_envs"),
+        ("learner.stats_alpha=0.1", "dynamics.stats_alpha"),
+    ],
+)
+def test_config_old_keys_name_their_new_home(override, new, tmp_path):
+    old = override.split("=", 1)[0]
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, [override])
+    assert str(e.value) == f"{old} moved to {new}"
+    # A saved YAML file with the old key fails the same way (one line).
+    section, leaf = old.split(".")
+    value = override.split("=", 1)[1]
+    saved = tmp_path / "old.yaml"
+    saved.write_text(f"{section}:\n  {leaf}: {value}\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(saved)
+    assert str(e.value) == f"{old} moved to {new}"
+
+
+def test_config_old_keys_name_their_new_home_in_a_learner_section(tmp_path):
+    saved = tmp_path / "saved.yaml"
+    saved.write_text("seed: 1\nlearner:\n  gamma: 0.9\n  n_step: 5\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(saved)
+    assert str(e.value) == "learner.gamma moved to loss.gamma"
+    # A learner key that never existed still names the sections it was split into.
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, ["learner.nope=1"])
+    msg = str(e.value)
+    assert msg.startswith("learner.nope: unknown config key") and "loss" in msg
+    assert "\n" not in msg
+
+
+def test_config_old_keys_name_their_new_home_which_exists():
+    keys = _dotted_keys(C.Config)
+    assert len(C.MOVED) >= 40
+    for old, new in C.MOVED.items():
+        assert new in keys, f"{old} -> {new}: no such key"
+        assert old not in keys, f"{old} still exists"
+        # and the new key loads with the config's own default value
+        section, leaf = new.split(".")
+        default = getattr(getattr(C.Config(), section), leaf)
+        assert getattr(getattr(C.load(None, [f"{new}={_yaml(default)}"]), section), leaf) == (
+            default
+        )
+
+
+def _yaml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["dynamics.liquid_tau_min=60"], "dynamics.liquid_tau_min: must be <="),
+        (
+            ["dynamics.liquid_tau_min=3", "dynamics.liquid_tau_max=2"],
+            "dynamics.liquid_tau_min: must be <=",
+        ),
+        (["dynamics.liquid_alpha_min=0.9", "dynamics.liquid_alpha_max=0.5"], "liquid_alpha_min"),
+        (
+            ["replay.capacity=600", "replay.learning_starts=100", "acting.steps=10"],
+            "replay.capacity: must hold one iteration's acting.num_envs * acting.steps",
+        ),
+        (
+            ["replay.capacity=64", "replay.learning_starts=16", "acting.num_envs=8"],
+            "replay.capacity: must hold replay.batch_size",
+        ),
+    ],
+)
+def test_config_cross_field_checks_live_in_config(overrides, fragment):
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, overrides)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_config_cross_field_limits_are_inclusive():
+    # exactly one iteration's transitions fit; equal tau bounds are allowed
+    cfg = C.load(
+        None,
+        [
+            "replay.capacity=640",
+            "replay.learning_starts=100",
+            "acting.num_envs=64",
+            "acting.steps=10",
+            "dynamics.liquid_tau_min=50",
+        ],
+    )
+    assert cfg.replay.capacity == cfg.acting.num_envs * cfg.acting.steps
+    assert cfg.dynamics.liquid_tau_min == cfg.dynamics.liquid_tau_max
+    # Constructing the dataclasses directly runs the same checks.
+    with pytest.raises(C.ConfigError, match="liquid_tau_min"):
+        C.Config(dynamics=C.DynamicsConfig(liquid_tau_min=60.0))

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from jaxdqn.config import DataConfig, SyntheticConfig
-from jaxdqn.market import data
+from jaxdqn.market import data, splits
 from jaxdqn.market.data import COLUMNS, DataError
 
 # Ten hand-written consistent daily bars (Mon 2020-01-06 .. Fri 2020-01-17).
@@ -421,7 +421,7 @@ def test_e2_synthetic_planted_signal_is_real(phi):
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_contiguous(s: data.Splits, n: int) -> None:
+def _check_contiguous(s: splits.Splits, n: int) -> None:
     assert s.train[0] == 0 and s.test[1] == n
     assert s.train[1] == s.val[0] and s.val[1] == s.test[0]
     for lo, hi in s:
@@ -430,30 +430,30 @@ def _check_contiguous(s: data.Splits, n: int) -> None:
 
 def test_e2_split_sp500_by_date():
     df = data.load_ohlcv("sp500")
-    s = data.split(df, DataConfig(), warmup=56)
+    s = splits.split(df, DataConfig(), warmup=56)
     _check_contiguous(s, len(df))
     idx = df.index
     assert idx[s.train[1] - 1] == pd.Timestamp("2012-12-31")
     assert idx[s.val[0]] == pd.Timestamp("2013-01-02")
     assert idx[s.val[1] - 1] == pd.Timestamp("2015-12-31")
     assert idx[s.test[0]] == pd.Timestamp("2016-01-04")
-    assert s == data.Splits((0, 3521), (3521, 4277), (4277, 5031))
+    assert s == splits.Splits((0, 3521), (3521, 4277), (4277, 5031))
 
 
 def test_e2_split_by_fraction():
     df = data.synthetic(SyntheticConfig(num_bars=1000))
-    s = data.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.15), warmup=50)
+    s = splits.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.15), warmup=50)
     _check_contiguous(s, 1000)
-    assert s == data.Splits((0, 700), (700, 850), (850, 1000))
-    s = data.split(df, DataConfig(split="fraction", train_frac=0.5, val_frac=0.3), warmup=50)
-    assert s == data.Splits((0, 500), (500, 800), (800, 1000))
+    assert s == splits.Splits((0, 700), (700, 850), (850, 1000))
+    s = splits.split(df, DataConfig(split="fraction", train_frac=0.5, val_frac=0.3), warmup=50)
+    assert s == splits.Splits((0, 500), (500, 800), (800, 1000))
 
 
 def test_e2_split_intraday_end_day_belongs_to_train():
     idx = pd.date_range("2012-12-28 10:00", periods=200, freq="6h")
     df = pd.DataFrame(1.0, index=idx.rename("date"), columns=list(COLUMNS))
     cfg = DataConfig(train_end="2012-12-31", val_end="2013-01-10", min_split_rows=2)
-    s = data.split(df, cfg, warmup=0)
+    s = splits.split(df, cfg, warmup=0)
     assert idx[s.train[1] - 1] == pd.Timestamp("2012-12-31 22:00")
     assert idx[s.val[0]] == pd.Timestamp("2013-01-01 04:00")
 
@@ -461,21 +461,21 @@ def test_e2_split_intraday_end_day_belongs_to_train():
 def test_e2_split_errors():
     df = data.synthetic(SyntheticConfig(num_bars=300))
     with pytest.raises(DataError, match=r"300 rows; at least 320 are needed \(warmup 200"):
-        data.split(df, DataConfig(split="fraction", min_split_rows=40), warmup=200)
+        splits.split(df, DataConfig(split="fraction", min_split_rows=40), warmup=200)
     # Enough rows overall but val too short at these fractions.
     with pytest.raises(DataError, match=r"split 'val' has 6 bars; at least 20"):
-        data.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.02), warmup=10)
+        splits.split(df, DataConfig(split="fraction", train_frac=0.7, val_frac=0.02), warmup=10)
     # The warmup eats the train split.
     with pytest.raises(DataError, match=r"split 'train' has 10 bars after the warmup of 50"):
-        data.split(df, DataConfig(split="fraction", train_frac=0.2, val_frac=0.3), warmup=50)
+        splits.split(df, DataConfig(split="fraction", train_frac=0.2, val_frac=0.3), warmup=50)
     # Synthetic dates start 2000-01-03: a date split ending before that leaves train empty.
     with pytest.raises(DataError, match=r"split 'train' is empty: no bars on or before 1999"):
-        data.split(df, DataConfig(train_end="1999-06-30", val_end="2000-06-30"), warmup=10)
+        splits.split(df, DataConfig(train_end="1999-06-30", val_end="2000-06-30"), warmup=10)
     with pytest.raises(DataError, match=r"split 'test' is empty"):
-        data.split(df, DataConfig(train_end="2000-06-30", val_end="2005-01-01"), warmup=10)
+        splits.split(df, DataConfig(train_end="2000-06-30", val_end="2005-01-01"), warmup=10)
     sp = data.load_ohlcv("sp500")
     with pytest.raises(DataError, match=r"sp500.*split 'val' is empty"):
-        data.split(sp, DataConfig(train_end="2012-12-31", val_end="2013-01-01"), warmup=10)
+        splits.split(sp, DataConfig(train_end="2012-12-31", val_end="2013-01-01"), warmup=10)
 
 
 def test_e2_column_map_columns_used_once(tmp_path):

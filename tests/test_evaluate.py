@@ -78,7 +78,9 @@ def test_e3_walk_hand_built_bars_long_at_next_open():
 def test_e3_walk_log_columns_dates_and_flat_bookkeeping():
     p = _sp500()
     lo, hi = p.bar_range("val")
-    res = evaluate.walk(p.market, p.env_params, lo, hi, _constant(1), jax.random.PRNGKey(0), p.dates)
+    res = evaluate.walk(
+        p.market, p.env_params, lo, hi, _constant(1), jax.random.PRNGKey(0), p.dates
+    )
     log = res.log
     assert tuple(log.columns) == evaluate.LOG_COLUMNS
     assert len(log) == hi - 1 - lo
@@ -107,7 +109,14 @@ def test_e3_walk_metrics_are_performance_of_the_log():
     p = _sp500()
     lo, hi = p.bar_range("test")
     res = evaluate.walk(
-        p.market, p.env_params, lo, hi, _random, jax.random.PRNGKey(1), p.dates, periods_per_year=252
+        p.market,
+        p.env_params,
+        lo,
+        hi,
+        _random,
+        jax.random.PRNGKey(1),
+        p.dates,
+        periods_per_year=252,
     )
     log = res.log
     expected = metrics.performance(
@@ -148,7 +157,9 @@ def test_e3_walk_rejects_a_range_without_decisions():
 def test_e3_prepare_bar_ranges_start_after_the_warmup():
     p = _sp500()
     assert p.splits.train[0] == 0
-    assert p.bar_range("train")[0] == p.first_decision == p.features.warmup + p.env_params.window - 1
+    assert (
+        p.bar_range("train")[0] == p.first_decision == p.features.warmup + p.env_params.window - 1
+    )
     assert p.bar_range("val") == p.splits.val
     assert p.dates[p.splits.val[0]] == pd.Timestamp("2013-01-02")
     with pytest.raises(ValueError, match="unknown split"):

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from jaxdqn.config import DataConfig, FeatureConfig, SyntheticConfig
-from jaxdqn.market import data
+from jaxdqn.market import data, splits
 from jaxdqn.market import features as F
 from jaxdqn.market.data import COLUMNS, DataError
 
@@ -52,7 +52,7 @@ def _perturb_after(df: pd.DataFrame, t: int, seed: int) -> pd.DataFrame:
 
 def test_e2_features_on_sp500(sp500):
     cfg = FeatureConfig()
-    s = data.split(sp500, DataConfig(), F.warmup_length(cfg) + cfg.window - 1)
+    s = splits.split(sp500, DataConfig(), F.warmup_length(cfg) + cfg.window - 1)
     f = F.compute_features(sp500, cfg, s.train)
     assert f.names == F.FEATURE_NAMES and len(f.names) == 11
     assert f.warmup == 49 == F.warmup_length(cfg)
@@ -195,7 +195,7 @@ def test_e2_normaliser_needs_train_rows():
 
 def test_e2_normaliser_fitted_on_train_only(sp500):
     cfg = FeatureConfig()
-    s = data.split(sp500, DataConfig(), F.warmup_length(cfg))
+    s = splits.split(sp500, DataConfig(), F.warmup_length(cfg))
     f = F.compute_features(sp500, cfg, s.train)
     # Rewrite val and test completely: the statistics do not move.
     other = _perturb_after(sp500, s.train[1] - 1, seed=9)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from jaxdqn import config
-from jaxdqn.agent import iteration, learner, optim
+from jaxdqn.agent import iteration, optim
 from jaxdqn.agent import state as train_state
+from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.market import market as market_setup
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -19,14 +20,13 @@ CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 def smoke():
     cfg = config.load(CONFIGS / "smoke.yaml")
     p = market_setup.prepare(cfg)
-    lo, hi = p.bar_range("train")
-    setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
-    state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(0))
+    agent = build_agent(cfg, p)
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     traces = []
 
     def counted(s, m):
         traces.append(1)
-        return iteration.iteration(setup, s, m)
+        return iteration.iteration(agent, s, m)
 
     it = jax.jit(counted, donate_argnums=0)
     history = []
@@ -36,7 +36,7 @@ def smoke():
     return {
         "cfg": cfg,
         "p": p,
-        "setup": setup,
+        "agent": agent,
         "state": state,
         "it": it,
         "traces": traces,
@@ -49,14 +49,14 @@ def test_l8_smoke_iteration_runs_and_every_metric_is_finite(smoke):
     assert last["learning"] == 1.0
     for name, value in last.items():
         assert np.all(np.isfinite(value)), name
-    cfg = smoke["cfg"].learner
+    cfg = smoke["cfg"]
     state = smoke["state"]
     assert int(state.iteration) == 4
     # every rollout step emits one transition per env (the first n-1 of the run carry
     # probability 0 because their n-step window starts before the first step)
-    assert int(state.replay.size) == 4 * cfg.num_envs * cfg.act_steps
+    assert int(state.replay.size) == 4 * cfg.acting.num_envs * cfg.acting.steps
     learned = sum(h["learning"] for h in smoke["history"])
-    assert int(state.updates) == int(learned) * cfg.updates
+    assert int(state.updates) == int(learned) * cfg.optim.updates
 
 
 def test_l8_warmup_iterations_do_not_learn(smoke):
@@ -66,15 +66,21 @@ def test_l8_warmup_iterations_do_not_learn(smoke):
 
 
 def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
-    it, p = smoke["it"], smoke["p"]
+    it, p, agent = smoke["it"], smoke["p"], smoke["agent"]
     state = smoke["state"]
     before = len(smoke["traces"])
     for lr in (1e-4, 2.5e-4, 3e-5):
         state = train_state.set_learning_rate(state, lr)
         state = state.replace(opt_state=optim.scale_adam_moments(state.opt_state, 0.5))
-        state = train_state.set_host_scalars(state, iqn_readiness=lr * 1000, eval_q_std_ema=0.01)
+        dyn = agent.dynamics.set_host_inputs(
+            state.dynamics, iqn_readiness=lr * 1000, eval_q_std_ema=0.01
+        )
+        state = state.replace(dynamics=dyn)
         state, metrics = it(state, p.market)
-        np.testing.assert_allclose(metrics["learning_rate"], lr, rtol=1e-6)
+        assert metrics["learning"] == 1.0
+        # the learning rate the iteration's updates ran with is the one written by the host
+        np.testing.assert_allclose(optim.get_learning_rate(state.opt_state), lr, rtol=1e-6)
+        np.testing.assert_allclose(state.dynamics.iqn_readiness, lr * 1000, rtol=1e-6)
     state = state.replace(opt_state=optim.reset_branch_moments(state.opt_state))
     state, _ = it(state, p.market)
     assert len(smoke["traces"]) == before == 1
@@ -82,9 +88,9 @@ def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
 
 
 def test_l2_hard_target_copies_every_c_updates(smoke):
-    setup, state = smoke["setup"], smoke["state"]
-    period = smoke["cfg"].learner.target_period
-    step = jax.jit(lambda s: learner.update(setup, s))
+    agent, state = smoke["agent"], smoke["state"]
+    period = smoke["cfg"].loss.target_period
+    step = jax.jit(agent.learner.update)
     # advance to just after a copy
     while int(state.updates) % period != 0:
         state, _ = step(state)
@@ -103,18 +109,15 @@ def test_l2_hard_target_copies_every_c_updates(smoke):
 
 
 def test_l8_states_vmap_over_seeds():
-    cfg = config.load(
-        CONFIGS / "smoke.yaml", ["learner.num_envs=4", "learner.learning_starts=1024"]
-    )
+    cfg = config.load(CONFIGS / "smoke.yaml", ["acting.num_envs=4", "replay.learning_starts=1024"])
     p = market_setup.prepare(cfg)
-    lo, hi = p.bar_range("train")
-    setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
+    agent = build_agent(cfg, p)
     keys = jax.random.split(jax.random.PRNGKey(1), 2)
-    states = train_state.make_init(setup, num_seeds=2)(p.market, keys)
+    states = make_init(agent, num_seeds=2)(p.market, keys)
     leaves = jax.tree.leaves(states.params)
     assert all(w.shape[0] == 2 for w in leaves)
     assert any(not np.array_equal(w[0], w[1]) for w in leaves)  # independent initialisations
-    single = train_state.make_init(setup)(p.market, keys[1])
+    single = make_init(agent)(p.market, keys[1])
     for a, b in zip(jax.tree.leaves(states), jax.tree.leaves(single), strict=True):
         np.testing.assert_array_equal(a[1], b)
 
@@ -122,15 +125,14 @@ def test_l8_states_vmap_over_seeds():
 def test_l8_seed_population_member_equals_single_seed_run():
     """Issue 7: seeds are independent agents whose keys come from the run seed; seed s of a
     vmapped population follows exactly the single-seed run started from the same derived key."""
-    cfg = config.load(CONFIGS / "smoke.yaml", ["learner.learning_starts=64"])
+    cfg = config.load(CONFIGS / "smoke.yaml", ["replay.learning_starts=64"])
     p = market_setup.prepare(cfg)
-    lo, hi = p.bar_range("train")
-    setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
+    agent = build_agent(cfg, p)
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 2)
-    pop = train_state.make_init(setup, num_seeds=2)(p.market, keys)
-    one = train_state.make_init(setup)(p.market, keys[1])
-    pop_it = iteration.make_iteration(setup, num_seeds=2)
-    one_it = iteration.make_iteration(setup)
+    pop = make_init(agent, num_seeds=2)(p.market, keys)
+    one = make_init(agent)(p.market, keys[1])
+    pop_it = iteration.make_iteration(agent, num_seeds=2)
+    one_it = iteration.make_iteration(agent)
     for _ in range(3):
         pop, pm = pop_it(pop, p.market)
         one, om = one_it(one, p.market)
@@ -138,11 +140,11 @@ def test_l8_seed_population_member_equals_single_seed_run():
     # the two seeds act and learn differently
     assert pm["loss"][0] != pm["loss"][1]
     assert not np.array_equal(pop.env.t[0], pop.env.t[1])
-    assert not np.array_equal(pop.replay.storage.action["a"][0], pop.replay.storage.action["a"][1])
+    assert not np.array_equal(pop.replay.storage.action[0], pop.replay.storage.action[1])
     # seed 1 of the population is the single run with key 1 (vmapped matmuls may round
     # differently in the last bit, so compare to float32 precision)
     np.testing.assert_allclose(pm["loss"][1], om["loss"], rtol=1e-5)
-    np.testing.assert_array_equal(pop.replay.storage.action["a"][1], one.replay.storage.action["a"])
+    np.testing.assert_array_equal(pop.replay.storage.action[1], one.replay.storage.action)
     for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
         np.testing.assert_allclose(a[1], b, rtol=1e-4, atol=1e-6)
 
@@ -150,13 +152,12 @@ def test_l8_seed_population_member_equals_single_seed_run():
 def test_l1_reward_scale_multiplies_the_learning_rewards():
     def stored(scale):
         cfg = config.load(
-            CONFIGS / "smoke.yaml", ["learner.num_envs=4", f"learner.reward_scale={scale}"]
+            CONFIGS / "smoke.yaml", ["acting.num_envs=4", f"loss.reward_scale={scale}"]
         )
         p = market_setup.prepare(cfg)
-        lo, hi = p.bar_range("train")
-        setup = train_state.make_setup(cfg, p.params, p.features.values.shape[1], lo, hi)
-        state = train_state.make_init(setup)(p.market, jax.random.PRNGKey(3))
-        state = jax.jit(lambda s, m: iteration.store(setup, *iteration.act(setup, s, m)))(
+        agent = build_agent(cfg, p)
+        state = make_init(agent)(p.market, jax.random.PRNGKey(3))
+        state = jax.jit(lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)))(
             state, p.market
         )
         return np.asarray(state.replay.storage.reward), float(state.dynamics.reward_std_ema)

@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxdqn import config as C
 from jaxdqn.agent import liquid as L
-from jaxdqn.config import ConfigError, ModelConfig
+from jaxdqn.config import ConfigError, DynamicsConfig
 
-CFG = ModelConfig()
+CFG = DynamicsConfig()
 
 
 def _inputs(gap, std, norm, dtype=jnp.float32):
@@ -123,8 +124,11 @@ def test_m14_off_is_identity_and_config_checked():
     state, mod = liquid.step(s0, _inputs(1e-6, 0.5, 5.0))
     np.testing.assert_array_equal(mod, 1.0)
     chex.assert_trees_all_equal(state, s0)
+    # The ordering of the bounds is a cross-field check of the config (made at load time).
     with pytest.raises(ConfigError, match="liquid_tau_min"):
-        L.make_liquid(dataclasses.replace(CFG, liquid_tau_min=10.0, liquid_tau_max=5.0))
+        C.load(None, ["dynamics.liquid_tau_min=10.0", "dynamics.liquid_tau_max=5.0"])
+    with pytest.raises(ConfigError, match="liquid_tau_min"):
+        dataclasses.replace(C.Config(), dynamics=dataclasses.replace(CFG, liquid_tau_min=60.0))
 
 
 def test_m14_vmaps_over_a_seed_axis():

@@ -1,4 +1,5 @@
-"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display (jaxdqn.program.logger)."""
+"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display (jaxdqn.program.logger,
+jaxdqn.program.tensorboard, jaxdqn.program.progress)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn.program import logger
-from jaxdqn.program.logger import LogError, Progress, RunLogger, read_metrics
+from jaxdqn.program import tensorboard
+from jaxdqn.program.logger import LogError, RunLogger, read_metrics
+from jaxdqn.program.progress import Progress
 
 
 def _strict_lines(path: Path) -> list[dict]:
@@ -153,7 +155,7 @@ def test_e3_tb_scalars_flatten_vectors_and_split_seeds():
         "big": list(range(100)),
         "val": {"sharpe": None},
     }
-    runs = logger.tb_scalars(rec)
+    runs = tensorboard.tb_scalars(rec)
     assert list(runs) == [""]
     got = runs[""]
     assert got["lr"] == pytest.approx(1e-3)
@@ -164,7 +166,7 @@ def test_e3_tb_scalars_flatten_vectors_and_split_seeds():
         "epoch" not in got and "detector" not in got and not any(k.startswith("big") for k in got)
     )
 
-    seeded = logger.tb_scalars(
+    seeded = tensorboard.tb_scalars(
         {
             "epoch": 1,
             "lr": 0.5,
@@ -207,7 +209,7 @@ _BACKENDS = [
 
 @pytest.mark.parametrize(("backend", "proto"), _BACKENDS)
 def test_e3_logger_writes_tensorboard_events(tmp_path, backend, proto):
-    pytest.importorskip(logger._BACKEND_MODULES[backend][0])
+    pytest.importorskip(tensorboard.BACKEND_MODULES[backend][0])
     event_pb2 = pytest.importorskip(proto)
     with RunLogger(tmp_path, tensorboard=backend, console=False) as log:
         assert log.tensorboard_backend == backend
@@ -246,7 +248,7 @@ def test_e3_logger_tensorboard_per_seed_runs(tmp_path):
 
 
 def test_e3_logger_without_tensorboard_writer_warns_and_logs_jsonl(tmp_path, monkeypatch):
-    monkeypatch.setattr(logger, "_find_backend", lambda choice: None)
+    monkeypatch.setattr(tensorboard, "find_backend", lambda choice: None)
     with pytest.warns(RuntimeWarning, match="TensorBoard logging disabled"):
         log = RunLogger(tmp_path, console=False)
     log.log_epoch(_record(1))
@@ -275,14 +277,14 @@ def test_e3_progress_plain_lines_when_not_a_terminal(monkeypatch):
             }
         )
         prog.log("a note")
-        prog.update({"epoch": 4, "val_sharpe": [0.3, 0.5, None], "learning_rate": 1e-3})
+        prog.update({"epoch": 4, "val_sharpe": [0.3, 0.5, None], "lr": 1e-3})
     lines = out.getvalue().splitlines()
     assert lines[0].startswith(
         "epoch 3/30  val_sharpe 0.41  lr 2.9e-04  loss 3.12  env_steps/s 1.2e+05  "
         "updates/s 350  plateau 2 (sharpe)  sgdr_restart  elapsed 0:00:00  eta "
     )
     assert lines[1] == "a note"
-    # Per-seed lists show mean±std over the finite seeds; lr falls back to learning_rate.
+    # Per-seed lists show mean±std over the finite seeds; absent fields are left out.
     assert lines[2].startswith("epoch 4/30  val_sharpe 0.40±0.10  lr 1.0e-03  elapsed")
     assert "\x1b[" not in out.getvalue()
 

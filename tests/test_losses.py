@@ -6,6 +6,9 @@ import numpy as np
 import optax
 
 from jaxdqn.agent import losses as L
+from jaxdqn.agent.targets import Target
+from jaxdqn.config import LossConfig, ModelConfig
+from jaxdqn.model.network import make_model
 
 
 def test_l1_cross_entropy_matches_hand_computation():
@@ -89,3 +92,73 @@ def test_l6_selectivity_target_and_bce():
     np.testing.assert_allclose(t, [0.25, 0.5, 0.75, 1.0])
     np.testing.assert_allclose(L.binary_cross_entropy(jnp.float32(0.5), 0.3), np.log(2), rtol=1e-6)
     np.testing.assert_allclose(L.huber(jnp.array([0.5, -3.0])), [0.125, 2.5])
+
+
+# ---------------------------------------------------------------------------------------------
+# The composed loss of one batch (losses.make_loss, formerly learner.loss_fn)
+# ---------------------------------------------------------------------------------------------
+
+_OBS_DIM, _B, _N = 6, 5, 11
+_MODEL_CFG = ModelConfig(
+    bottleneck_dim=0, sh1=8, sh2=8, ah=4, vsn_hidden=4, num_atoms=_N, denoise_hidden=4,
+    xlstm_hidden=4,
+)  # fmt: skip
+
+
+def _loss_inputs(model):
+    keys = jax.random.split(jax.random.PRNGKey(7), 6)
+    params = model.init(keys[0])
+    obs = jax.random.normal(keys[1], (_B, _OBS_DIM))
+    actions = jax.random.randint(keys[2], (_B, 4), 0, 3)
+    weights = jax.random.uniform(keys[3], (_B,), minval=0.5, maxval=1.0)
+    probs = jax.nn.softmax(jax.random.normal(keys[4], (_B, 4, _N)))
+    target = Target(probs=probs, td=jax.random.normal(keys[5], (_B, 4)), next_actions=actions)
+    q_target_s = jnp.ones((_B, 4, 3))
+    v_min, dz = jnp.float32(-1.0), jnp.float32(0.2)
+    liquid_mod = jnp.array([1.0, 2.0, 0.5, 1.0])
+    xlstm_state = model.xlstm.init_state()
+    last_stats = jnp.ones((4, 3))
+    return (params, obs, actions, weights, target, q_target_s, v_min, dz, jnp.float32(0.02),
+            liquid_mod, xlstm_state, last_stats)  # fmt: skip
+
+
+def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
+    model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
+    loss = L.make_loss(LossConfig(), _MODEL_CFG, model)
+    assert loss.needs_target_q_s  # aux training with the denoiser regresses on Q_target(s)
+    args = _loss_inputs(model)
+    params, obs, actions, weights, target, _, v_min, dz, coef, liquid_mod = args[:10]
+    total, parts = jax.jit(loss.loss)(*args)
+    out = model.apply(params, obs, v_min, dz)
+    # L1: IS-weighted mean over the batch of the per-branch cross-entropies' sum
+    ce = jax.vmap(L.c51_cross_entropy)(out.logits, actions, target.probs).sum(-1)
+    np.testing.assert_allclose(parts.c51, np.mean(np.asarray(weights * ce)), rtol=1e-5)
+    np.testing.assert_allclose(parts.per_sample, ce, rtol=1e-5)
+    # L3: branch scale = weight × liquid_mod × Δz / B
+    z = v_min + dz * jnp.arange(_N)
+    scale = jnp.asarray(LossConfig().spread_branch_scale) * liquid_mod * dz / _B
+    spread = sum(L.spread_surrogate(out.logits[i], actions[i], z, scale) for i in range(_B))
+    np.testing.assert_allclose(parts.spread, spread, rtol=1e-5, atol=1e-7)
+    # L4: −coef × mean entropy
+    np.testing.assert_allclose(parts.entropy, -coef * jnp.mean(L.entropy(out.logits)), rtol=1e-5)
+    assert float(parts.denoise) > 0 and float(parts.select) > 0 and float(parts.coord) > 0
+    terms = (parts.c51, parts.spread, parts.entropy, parts.denoise, parts.coord, parts.select,
+             parts.xlstm)  # fmt: skip
+    np.testing.assert_allclose(total, sum(terms), rtol=1e-6)
+    np.testing.assert_allclose(parts.total, total)
+    np.testing.assert_allclose(parts.q_mean, out.q_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_l1_make_loss_with_every_extra_off_is_the_c51_loss():
+    model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
+    cfg = LossConfig(spread=False, entropy=False, aux_training=False)
+    loss = L.make_loss(cfg, _MODEL_CFG, model)
+    assert not loss.needs_target_q_s
+    args = _loss_inputs(model)
+    total, parts = jax.jit(loss.loss)(*args)
+    np.testing.assert_allclose(total, parts.c51)
+    for name in ("spread", "entropy", "denoise", "coord", "select", "xlstm"):
+        assert float(getattr(parts, name)) == 0.0, name
+    # the xLSTM state passes through untouched when L6 is off
+    for a, b in zip(jax.tree.leaves(parts.xlstm_state), jax.tree.leaves(args[10]), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -17,7 +17,7 @@ import optax
 import pytest
 from absl.testing import parameterized
 
-from jaxdqn.config import MODEL_SWITCHES, ModelConfig
+from jaxdqn.config import SWITCHES, ModelConfig
 from jaxdqn.model import distribution as D
 from jaxdqn.model import network as N
 from pallas_kernels import kan_gate_reference
@@ -33,7 +33,7 @@ CFG = ModelConfig(
     denoise_hidden=8,
     xlstm_hidden=4,
 )
-ALL_OFF = dataclasses.replace(CFG, **dict.fromkeys(MODEL_SWITCHES, False))
+ALL_OFF = dataclasses.replace(CFG, **dict.fromkeys(SWITCHES["model"], False))
 V_MIN, DZ = -1.0, 0.2
 
 

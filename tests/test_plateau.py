@@ -9,6 +9,7 @@ import pytest
 
 from jaxdqn.config import TrainConfig
 from jaxdqn.program.plateau import PlateauState, after_rewind, observe
+from jaxdqn.program.run_state import RunState
 
 # Binary-exact numbers throughout, so every velocity and Sharpe delta below is exact.
 CFG = TrainConfig(plateau_threshold=2, plateau_velocity_eps=0.25, plateau_sharpe_eps=0.125)
@@ -189,3 +190,26 @@ def test_o5_state_survives_json():
 def test_o5_rejects_wrong_number_of_branches():
     with pytest.raises(ValueError, match="q_gap"):
         observe(PlateauState(), 0.0, (1.0, 2.0, 3.0), CFG)
+
+
+def test_o6_run_state_holds_the_plateau_state_and_each_counter_once():
+    state, _ = run([(0.5, FLAT)] * 6)
+    host = RunState(
+        epoch=6,
+        cycle_start=6,
+        best_sharpe=0.5,
+        best_epoch=3,
+        eval_q_std_ema=[0.125],
+        plateau=after_rewind(state),
+        partial={"loss": [[math.nan], [1.5]]},
+    )
+    d = json.loads(json.dumps(host.to_json()))
+    assert "rewinds" not in d and "resets" not in d  # kept by the plateau state only
+    assert d["plateau"]["rewinds"] == 1 and d["plateau"]["resets"] == 1
+    back = RunState.from_json(d)
+    assert (back.rewinds, back.resets) == (1, 1) and back.plateau == host.plateau
+    assert math.isnan(back.partial["loss"][0][0]) and back.partial["loss"][1] == [1.5]
+    back.partial = host.partial
+    assert back == host
+    # A fresh run state (best Sharpe -inf, stored as null) survives JSON too.
+    assert RunState.from_json(json.loads(json.dumps(RunState().to_json()))) == RunState()

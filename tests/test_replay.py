@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn.agent.nstep import make_nstep_accumulator, nstep_targets
+from jaxdqn.agent.build import make_replay
+from jaxdqn.agent.nstep import Transition, make_nstep_accumulator, nstep_targets
 from jaxdqn.agent.replay import make_prioritised_replay, tree_search
-from jaxdqn.config import ConfigError
+from jaxdqn.config import ConfigError, ReplayConfig
 
 ITEM = {"x": jax.ShapeDtypeStruct((2,), jnp.float32), "a": jax.ShapeDtypeStruct((), jnp.int32)}
 
@@ -273,13 +274,14 @@ def test_l8_nstep_accumulator_carries_the_tail_across_rollouts():
     action = rng.integers(0, 3, size=(total, envs, 4)).astype(np.int32)
     reward = rng.normal(size=(total, envs)).astype(np.float32)
     done = rng.random(size=(total, envs)) < 0.25
+    sel = rng.random(size=(total, envs)).astype(np.float32)  # M12 prediction at o_t
     state = acc.init(jnp.asarray(obs[0]), jnp.asarray(action[0]))
     update = jax.jit(acc.update)
     outs = []
     for r in range(3):
         sl = slice(r * steps, (r + 1) * steps)
         state, trans, valid = update(
-            state, obs[sl], action[sl], reward[sl], done[sl], obs[(r + 1) * steps]
+            state, obs[sl], action[sl], reward[sl], done[sl], obs[(r + 1) * steps], sel[sl]
         )
         outs.append((trans, np.asarray(valid)))
     # Rollout r yields the transitions starting at steps r·K - (n-1) … (r+1)·K - n.
@@ -305,3 +307,44 @@ def test_l8_nstep_accumulator_carries_the_tail_across_rollouts():
             np.testing.assert_array_equal(trans.obs[i, e], obs[t, e])
             np.testing.assert_array_equal(trans.action[i, e], action[t, e])
             np.testing.assert_array_equal(trans.next_obs[i, e], obs[t + k, e])
+            # the selectivity rides with o_t unchanged (it scales the insertion priority)
+            assert trans.selectivity[i, e] == sel[t, e]
+    # Without a selectivity argument the transitions carry ones.
+    _, plain, _ = update(
+        acc.init(jnp.asarray(obs[0]), jnp.asarray(action[0])),
+        obs[:steps],
+        action[:steps],
+        reward[:steps],
+        done[:steps],
+        obs[steps],
+    )
+    np.testing.assert_array_equal(np.asarray(plain.selectivity)[n - 1 :], 1.0)
+
+
+def test_l8_agent_replay_items_are_transitions_with_int_actions_and_selectivity():
+    """The agent's replay stores n-step :class:`Transition` items: ``action`` int32 ``[4]`` (one
+    choice per branch) and the M12 ``selectivity`` in its own float32 field."""
+    obs_dim, k, e = 5, 3, 2
+    replay = make_replay(ReplayConfig(capacity=16, learning_starts=4, batch_size=4), obs_dim)
+    state = replay.init()
+    assert isinstance(state.storage, Transition)
+    assert state.storage.action.shape == (16, 4) and state.storage.action.dtype == jnp.int32
+    assert state.storage.selectivity.shape == (16,)
+    assert state.storage.selectivity.dtype == jnp.float32
+    rng = np.random.default_rng(1)
+    choice = rng.integers(0, 3, size=(k * e, 4)).astype(np.int32)
+    sel = np.array([0.5, 0.25, 1.0, 0.75, 0.1, 0.9], np.float32)
+    items = Transition(
+        obs=jnp.ones((k * e, obs_dim)),
+        action=jnp.asarray(choice),
+        reward=jnp.arange(k * e, dtype=jnp.float32),
+        discount=jnp.full((k * e,), 0.9),
+        next_obs=jnp.zeros((k * e, obs_dim)),
+        selectivity=jnp.asarray(sel),
+    )
+    state = jax.jit(replay.add_scaled)(state, items, items.selectivity)
+    np.testing.assert_array_equal(np.asarray(state.storage.action[: k * e]), choice)
+    np.testing.assert_array_equal(np.asarray(state.storage.selectivity[: k * e]), sel)
+    # default config: alpha 0.6, first insertion at max priority 1 scaled by the selectivity
+    leaves = np.asarray(state.tree[-1])[: k * e]
+    np.testing.assert_allclose(leaves, sel**replay.alpha, rtol=1e-6)

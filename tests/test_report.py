@@ -1,4 +1,5 @@
-"""E3 outputs: summary.json, baseline equity files and report.md with its plots (jaxdqn.program.report)."""
+"""E3 outputs: summary.json, baseline equity files and report.md with its plots
+(jaxdqn.program.results, jaxdqn.program.plots, jaxdqn.program.report)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ import pytest
 from jaxdqn import config
 from jaxdqn.evaluation.walk import LOG_COLUMNS
 from jaxdqn.program.logger import RunLogger
-from jaxdqn.program.report import (
-    _Markers,
-    drawdown,
+from jaxdqn.program.plots import Markers, drawdown
+from jaxdqn.program.report import write_report
+from jaxdqn.program.results import (
     read_baseline_equity,
     read_eval_log,
     read_summary,
     write_baseline_equity,
     write_eval_log,
-    write_report,
     write_summary,
 )
 
@@ -308,10 +308,10 @@ def test_e3_markers_restarts_resets_rewinds():
         {"epoch": 3, "restart": False, "action": ["rewind", "none"]},
         {"epoch": 4, "restart": True, "action": "rewind"},
     ]
-    m = _Markers(recs)
+    m = Markers(recs)
     assert (m.restarts, m.resets, m.rewinds) == ([2, 4], [2], [3, 4])
     # Without an action field the rewind epochs come from the rewinds counter (summed over seeds).
-    counted = _Markers(
+    counted = Markers(
         [{"epoch": e, "rewinds": r} for e, r in [(1, [0, 0]), (2, [0, 1]), (3, [0, 1])]]
     )
     assert counted.rewinds == [2] and counted.restarts == []

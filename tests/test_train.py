@@ -177,9 +177,9 @@ def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
     traces = []
     real = iteration.iteration
 
-    def counted(setup, state, market):
+    def counted(agent, state, market):
         traces.append(1)
-        return real(setup, state, market)
+        return real(agent, state, market)
 
     monkeypatch.setattr(iteration, "iteration", counted)
     # A Sharpe tolerance no change can beat: every epoch after the first is a plateau, so the
@@ -191,15 +191,15 @@ def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
             "train.epochs=6",
             "train.plateau_threshold=1",
             "train.plateau_sharpe_eps=1e9",
-            "train.sgdr_period=2",
+            "optim.sgdr_period=2",
         ],
     )
     seen = {}
     real_rewind = trainer.rewind
 
-    def rewind(state, host, ckpt):
-        best, _, _ = ckpt.restore("best", state)
-        out = real_rewind(state, host, ckpt)
+    def rewind(state, run):
+        best, _, _ = trainer.ckpt.restore("best", state)
+        out = real_rewind(state, run)
         # host copies: the loop donates `out` (whose buffers `best` shares) to the next iteration
         seen["best"], seen["out"] = jax.device_get(best), jax.device_get(out)
         return out
@@ -215,6 +215,7 @@ def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
     assert records[1]["detector"] in ("sharpe", "both")
     assert [r["restart"] for r in records] == [False, False, True, False, True, False]
     assert records[4]["rewinds"] == 1
+    assert [r["branch_resets"] for r in records] == [0, 1, 1, 1, 1, 1]
     # the rewound parameters are exactly the best checkpoint's
     for a, b in zip(
         jax.tree.leaves(seen["best"].params), jax.tree.leaves(seen["out"].params), strict=True
@@ -222,7 +223,7 @@ def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(seen["best"].key, seen["out"].key)  # a new key was folded in
     # after the rewind the LR cycle restarts at the base rate
-    assert records[5]["lr"] == pytest.approx(trainer.cfg.learner.lr)
+    assert records[5]["lr"] == pytest.approx(trainer.cfg.optim.lr)
 
 
 def _partition(opt_state, name):
@@ -292,7 +293,7 @@ def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
 
 def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, tmp_path):
     run, _ = full_run
-    cmd = [sys.executable, "-m", "jaxdqn.evaluation.walk", str(run), "--split", "test",
+    cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test",
            "--out", str(tmp_path / "ev")]  # fmt: skip
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import chex
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct

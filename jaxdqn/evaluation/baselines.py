@@ -59,9 +59,7 @@ __all__ = [
     "buy_and_hold_signal",
     "flat_signal",
     "follow_signal",
-    "format_table",
     "macd_signal",
-    "main",
     "momentum_signal",
     "oracle_signal",
     "policies",
@@ -276,7 +274,14 @@ def run_baselines(
             lo, hi = p.eval_range(split)
             if name == "random":
                 res = evaluate.walk(
-                    p.market, p.env_params, lo, hi, random_policy, key, p.dates, periods_per_year=ppy
+                    p.market,
+                    p.env_params,
+                    lo,
+                    hi,
+                    random_policy,
+                    key,
+                    p.dates,
+                    periods_per_year=ppy,
                 )
             else:
                 arrays = Signal(jnp.asarray(sigs[name].direction), jnp.asarray(sigs[name].scale))

@@ -169,8 +169,8 @@ def walk(
       close[t+1] (starts from 1); ``return`` the simple return of bar t+1,
       ``exp(reward) − 1`` (the reward is the log equity change after costs).
 
-    Metrics: :func:`jaxdqn.evaluation.metrics.performance` of ``return`` with ``positions=position`` and
-    ``traded=traded``.
+    Metrics: :func:`jaxdqn.evaluation.metrics.performance` of ``return`` with
+    ``positions=position`` and ``traded=traded``.
 
     Args:
       market, env_params: the environment (see :func:`jaxdqn.market.market.prepare`).

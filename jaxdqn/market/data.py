@@ -1,9 +1,10 @@
-"""Bars (E2): the bundled S&P 500, user CSV/Parquet files, the synthetic market, and splits.
+"""Bars (E2): the bundled S&P 500, user CSV/Parquet files and the synthetic market.
 
 Every loader returns a pandas DataFrame indexed by a ``DatetimeIndex`` named ``date`` (tz-naive,
 nanosecond unit, strictly increasing) with float64 columns exactly ``open, high, low, close,
 volume``; the synthetic market adds a float64 ``oracle`` column. ``df.attrs["source"]`` names
-where the bars came from, so later errors (e.g. from :func:`split`) can name the file.
+where the bars came from, so later errors (e.g. from :func:`jaxdqn.market.splits.split`) can
+name the file.
 
 Bad data never escapes as a pandas/pyarrow traceback: every problem raises :class:`DataError`
 with a one-line message naming the file and, where it applies, the row's date and the column.
@@ -16,7 +17,6 @@ import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -27,10 +27,8 @@ from jaxdqn.config import DataConfig, SyntheticConfig
 __all__ = [
     "COLUMNS",
     "DataError",
-    "Splits",
     "load",
     "load_ohlcv",
-    "split",
     "synthetic",
     "validate_ohlcv",
 ]
@@ -58,7 +56,7 @@ class DataError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     msg = text[0] if text else type(e).__name__
     return msg if len(msg) <= 160 else msg[:157] + "..."
@@ -101,7 +99,7 @@ def _read_table(path: Path, kind: str, name: str) -> pd.DataFrame:
     except pd.errors.EmptyDataError:
         raise DataError(f"{name}: empty file (no header, no rows)") from None
     except Exception as e:  # pandas/pyarrow/gzip/unicode errors all mean "not readable"
-        why = _first_line(e).replace(str(path), path.name)
+        why = first_line(e).replace(str(path), path.name)
         raise DataError(f"{name}: not a readable {kind} table ({why})") from None
     if not isinstance(frame, pd.DataFrame):
         raise DataError(f"{name}: not a {kind} table")
@@ -228,7 +226,7 @@ def _parse_dates(raw: pd.Series, name: str, label: object) -> pd.DatetimeIndex:
             except ValueError:  # mixed UTC offsets (e.g. across daylight saving)
                 parsed = pd.to_datetime(values, errors="coerce", utc=True)
     except Exception as e:
-        raise DataError(f"{name}: {col}: unparseable dates ({_first_line(e)})") from None
+        raise DataError(f"{name}: {col}: unparseable dates ({first_line(e)})") from None
     bad = parsed.isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
@@ -474,84 +472,3 @@ def load(cfg: DataConfig) -> pd.DataFrame:
     if not cfg.path:
         raise DataError(f"data.path: required when data.source is {cfg.source}")
     return load_ohlcv(cfg.path, cfg.columns or None, fmt=cfg.source)
-
-
-# ---------------------------------------------------------------------------------------------
-# Train / val / test splits
-# ---------------------------------------------------------------------------------------------
-
-
-class Splits(NamedTuple):
-    """Contiguous half-open row ranges ``(start, stop)``: train.stop == val.start, etc.
-
-    ``train`` starts at row 0 (its first ``warmup`` rows only feed the causal features) and
-    ``test`` stops at the last row + 1.
-    """
-
-    train: tuple[int, int]
-    val: tuple[int, int]
-    test: tuple[int, int]
-
-
-def split(df: pd.DataFrame, cfg: DataConfig, warmup: int) -> Splits:
-    """Cut ``df`` into contiguous train/val/test row ranges.
-
-    ``cfg.split == "date"``: train = bars dated on or before ``cfg.train_end`` (the whole day,
-    so intraday bars of that day count), val = after that up to and including ``cfg.val_end``,
-    test = the rest. ``"fraction"``: train = the first floor(train_frac T) bars, val = the next
-    floor((train_frac + val_frac) T) - floor(train_frac T), test = the rest.
-
-    Args:
-      df: bars indexed by date (from :func:`load` / :func:`load_ohlcv` / :func:`synthetic`).
-      cfg: the data config (split, train_end, val_end, train_frac, val_frac, min_split_rows).
-      warmup: leading rows that cannot be decided on (features' warmup + window - 1).
-
-    Raises:
-      DataError: a date split leaves a split empty, or train has fewer than
-        ``cfg.min_split_rows`` bars after ``warmup``, or val or test has fewer than
-        ``cfg.min_split_rows`` bars (T >= warmup + 3 min_split_rows is necessary).
-    """
-    name = df.attrs.get("source", "data")
-    n = len(df)
-    m = cfg.min_split_rows
-    need = warmup + 3 * m
-    if n < need:
-        raise DataError(
-            f"{name}: {n} rows; at least {need} are needed (warmup {warmup} + "
-            f"{m} bars in each of train, val and test; see data.min_split_rows)"
-        )
-    if cfg.split == "date":
-        index = df.index
-        if not isinstance(index, pd.DatetimeIndex):
-            raise DataError(f"{name}: split=date needs a date index")
-        try:
-            ends = [pd.Timestamp(cfg.train_end), pd.Timestamp(cfg.val_end)]
-        except Exception as e:
-            raise DataError(f"data.train_end/val_end: not dates ({_first_line(e)})") from None
-        # First row strictly after each end day (every time of day on the end date included).
-        a, b = (int(index.searchsorted(e.normalize() + pd.Timedelta(days=1))) for e in ends)
-        out = Splits((0, a), (a, b), (b, n))
-        span = f"data covers {index[0].date()} to {index[-1].date()}"
-        labels = {
-            "train": f"on or before {cfg.train_end}",
-            "val": f"after {cfg.train_end} up to {cfg.val_end}",
-            "test": f"after {cfg.val_end}",
-        }
-        for which, (lo, hi) in out._asdict().items():
-            if hi <= lo:
-                raise DataError(
-                    f"{name}: split {which!r} is empty: no bars {labels[which]} ({span})"
-                )
-    else:
-        a = math.floor(cfg.train_frac * n)
-        b = math.floor((cfg.train_frac + cfg.val_frac) * n)
-        out = Splits((0, a), (a, b), (b, n))
-    for which, (lo, hi) in out._asdict().items():
-        usable = hi - max(lo, warmup)
-        if usable < m:
-            extra = f" after the warmup of {warmup} rows" if which == "train" else ""
-            raise DataError(
-                f"{name}: split {which!r} has {max(usable, 0)} bars{extra}; at least {m} needed "
-                "(data.min_split_rows)"
-            )
-    return out

@@ -5,7 +5,7 @@ evaluator's CLI, the trainer), so they all see exactly the same bars, splits, no
 and costs:
 
 1. ``df = data.load(cfg.data)`` — validated bars (real, user file or synthetic);
-2. ``splits = data.split(df, cfg.data, first_decision)`` with
+2. ``splits = splits_lib.split(df, cfg.data, first_decision)`` with
    ``first_decision = features.warmup_length(cfg.features) + cfg.features.window − 1``, the
    first bar whose whole observation window holds valid features;
 3. ``features = compute_features(df, cfg.features, splits.train)`` — normalised on train only;
@@ -21,6 +21,7 @@ import pandas as pd
 from jaxdqn.config import Config
 from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
+from jaxdqn.market import splits as splits_lib
 
 __all__ = ["SPLIT_NAMES", "Prepared", "prepare"]
 
@@ -42,7 +43,7 @@ class Prepared(NamedTuple):
 
     df: pd.DataFrame
     features: features_lib.Features
-    splits: data.Splits
+    splits: splits_lib.Splits
     market: env.MarketData
     env_params: env.EnvParams
     dates: pd.DatetimeIndex
@@ -74,7 +75,7 @@ def prepare(cfg: Config) -> Prepared:
     """
     df = data.load(cfg.data)
     first_decision = features_lib.warmup_length(cfg.features) + cfg.features.window - 1
-    splits = data.split(df, cfg.data, first_decision)
+    splits = splits_lib.split(df, cfg.data, first_decision)
     feats = features_lib.compute_features(df, cfg.features, splits.train)
     market = env.make_market(df, feats, cfg.env)
     env_params = env.EnvParams.from_config(cfg.env, cfg.features.window)

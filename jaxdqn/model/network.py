@@ -187,7 +187,13 @@ class Network(nn.Module):
 
         def branch(name: str) -> Branch:
             return Branch(
-                c.ah, c.num_atoms, c.kan, c.kan_grid_min, c.kan_grid_max, self.kan_backend, name=name
+                c.ah,
+                c.num_atoms,
+                c.kan,
+                c.kan_grid_min,
+                c.kan_grid_max,
+                self.kan_backend,
+                name=name,
             )
 
         logits_dir = branch("branch_direction")(h_m)

@@ -30,12 +30,11 @@ by it; orbax ignores that name) and the next candidate is tried (the next older 
 :class:`CheckpointError` is raised. A step whose ``metrics`` file is undecodable is moved aside
 the same way when the directory is opened (orbax reads every metrics file on start-up).
 
-State leaves must be arrays: ``jax.Array`` (any sharding), NumPy arrays or NumPy scalars,
-including 0-d arrays, ``bool`` and ``uint32`` PRNG keys from ``jax.random.PRNGKey``. Typed key
-arrays (``jax.random.key``) are rejected: store ``jax.random.key_data(k)`` instead. The pytree
-may hold flax.struct dataclasses, NamedTuples, dicts, lists and tuples, and may carry a leading
-seed axis; restore returns the target's exact structure, shapes and dtypes. The host dict goes
-through JSON: tuples come back as lists, dict keys as strings, NaN as NaN.
+State leaves must be arrays (the stored layout, the ``meta`` item and the leaf types accepted:
+:mod:`jaxdqn.program.checkpoint_format`). The pytree may hold flax.struct dataclasses,
+NamedTuples, dicts, lists and tuples, and may carry a leading seed axis; restore returns the
+target's exact structure, shapes and dtypes. The host dict goes through JSON: tuples come back
+as lists, dict keys as strings, NaN as NaN.
 """
 
 from __future__ import annotations
@@ -47,8 +46,6 @@ import os
 import re
 import sys
 import warnings
-import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,23 +54,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
+from jaxdqn.program import checkpoint_format as fmt
+from jaxdqn.program.checkpoint_format import CheckpointError, Corrupt
+
 __all__ = ["CheckpointError", "Checkpointer", "score"]
 
 PyTree = Any
 log = logging.getLogger(__name__)
 
-_FORMAT = 1
 _ITEMS = ("state", "host", "meta")
 _STEP_RE = re.compile(r"^(0|[1-9]\d*)$")
 _METRIC_KEY = "val_sharpe"
-
-
-class CheckpointError(Exception):
-    """No restorable checkpoint, a target that does not match, or an invalid save request."""
-
-
-class _Corrupt(Exception):
-    """Internal: a step's files cannot be read back as saved."""
 
 
 def score(metric: Any) -> float:
@@ -109,50 +100,6 @@ def _one_line(exc: BaseException, limit: int = 220) -> str:
     if len(msg) > limit:
         msg = msg[:60] + " ... " + msg[-(limit - 65) :]
     return msg
-
-
-def _is_key_array(x: Any) -> bool:
-    dtype = getattr(x, "dtype", None)
-    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
-
-
-def _spec(x: Any) -> tuple[list[int], str]:
-    return [int(d) for d in x.shape], np.dtype(x.dtype).name
-
-
-def _fmt(spec: Sequence[Any]) -> str:
-    shape, dtype = spec
-    return f"{dtype}[{','.join(str(d) for d in shape)}]"
-
-
-def _crc32(a: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-
-
-def _key(i: int) -> str:
-    return f"{i:06d}"
-
-
-def _flat(leaves: Sequence[Any]) -> dict[str, Any]:
-    """The leaves orbax stores: a flat dict by leaf index, without zero-size leaves.
-
-    Orbax refuses zero-size arrays (they hold no data; :func:`_unflat` recreates them), and a
-    flat dict keeps the on-disk layout independent of how each pytree node type flattens.
-    """
-    return {_key(i): x for i, x in enumerate(leaves) if math.prod(x.shape) > 0}
-
-
-def _unflat(stored: dict[str, Any], abstract: Sequence[Any]) -> list[Any]:
-    """Inverse of :func:`_flat` given the target's abstract leaves."""
-    out = []
-    for i, a in enumerate(abstract):
-        if math.prod(a.shape) > 0:
-            out.append(stored[_key(i)])
-        elif isinstance(a, jax.ShapeDtypeStruct):
-            out.append(jax.device_put(np.zeros(a.shape, a.dtype), a.sharding))
-        else:
-            out.append(np.zeros(a.shape, a.dtype))
-    return out
 
 
 class _DropAbandonedTensorstoreReads(logging.Filter):
@@ -306,24 +253,11 @@ class Checkpointer:
             raise CheckpointError(f"host state is not JSON-serialisable: {_one_line(e)}") from e
         metric = float(metric)
 
-        paths, leaves = self._leaves(state, "state")
-        specs = [_spec(x) for x in leaves]
-        if self._verify:
-            crcs = [_crc32(np.asarray(a)) for a in jax.device_get(leaves)]
-        else:
-            crcs = [None] * len(leaves)
-        meta = {
-            "format": _FORMAT,
-            "metric": metric,
-            "leaves": [
-                [p, shape, dtype, crc]
-                for p, (shape, dtype), crc in zip(paths, specs, crcs, strict=True)
-            ],
-        }
+        paths, leaves = fmt.leaves(state, "state")
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(_flat(leaves)),
+            state=ocp.args.StandardSave(fmt.flat(leaves)),
             host=ocp.args.JsonSave(host),
-            meta=ocp.args.JsonSave(meta),
+            meta=ocp.args.JsonSave(fmt.meta(paths, leaves, metric, self._verify)),
         )
         try:
             self._mngr.save(step, args=args, metrics={_METRIC_KEY: metric}, force=True)
@@ -333,27 +267,6 @@ class Checkpointer:
         self._metrics[step] = metric
         kept = set(self._mngr.all_steps())
         self._metrics = {s: v for s, v in self._metrics.items() if s in kept}
-
-    @staticmethod
-    def _leaves(tree: PyTree, what: str) -> tuple[list[str], list[Any]]:
-        flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-        paths, leaves = [], []
-        for path, x in flat:
-            name = jax.tree_util.keystr(path) or "<root>"
-            if _is_key_array(x):
-                raise CheckpointError(
-                    f"{what} leaf {name} is a typed PRNG key array; store jax.random.key_data(k)"
-                )
-            kinds = (jax.Array, np.ndarray, np.generic)
-            if what == "target":
-                kinds += (jax.ShapeDtypeStruct,)
-            if not isinstance(x, kinds):
-                raise CheckpointError(
-                    f"{what} leaf {name} is a {type(x).__name__}; checkpoints hold arrays only"
-                )
-            paths.append(name)
-            leaves.append(x)
-        return paths, leaves
 
     # -- restore ----------------------------------------------------------------------------
 
@@ -380,31 +293,35 @@ class Checkpointer:
         """
         if target is None:
             raise TypeError("restore: target (abstract or example state) is required")
-        paths, leaves = self._leaves(target, "target")
+        paths, leaves = fmt.leaves(target, "target")
         treedef = jax.tree_util.tree_structure(target)
-        abstract = _flat([self._abstract(x) for x in leaves])
-        specs = [_spec(x) for x in leaves]
+        abstract = [fmt.abstract(x) for x in leaves]
+        specs = [fmt.spec(x) for x in leaves]
 
         candidates = self._candidates(which)
         tried = []
         for step in candidates:
             tried.append(step)
             try:
-                crcs = self._check_meta(step, paths, specs)
+                meta = self._mngr.restore(
+                    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+                )["meta"]
+                crcs = fmt.check_meta(meta, step, self._dir, paths, specs)
                 out = self._mngr.restore(
                     step,
                     args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(abstract), host=ocp.args.JsonRestore()
+                        state=ocp.args.StandardRestore(fmt.flat(abstract)),
+                        host=ocp.args.JsonRestore(),
                     ),
                 )
                 host = out["host"]
                 if not isinstance(host, dict):
-                    raise _Corrupt(f"host item is a {type(host).__name__}, not a dict")
-                values = _unflat(out["state"], [self._abstract(x) for x in leaves])
+                    raise Corrupt(f"host item is a {type(host).__name__}, not a dict")
+                values = fmt.unflat(out["state"], abstract)
                 if self._verify:
-                    self._check_crc(values, paths, crcs)
+                    fmt.check_crc(values, paths, crcs)
                 state = jax.tree_util.tree_unflatten(treedef, values)
-            except (_Corrupt, OSError, ValueError, KeyError, EOFError) as e:
+            except (Corrupt, OSError, ValueError, KeyError, EOFError) as e:
                 reason = _one_line(e)
             else:
                 return state, host, step
@@ -431,49 +348,6 @@ class Checkpointer:
         raise CheckpointError(
             f"checkpoint must be 'latest', 'best' or a step number, not {which!r}"
         )
-
-    @staticmethod
-    def _abstract(x: Any) -> Any:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            if getattr(x, "sharding", None) is None:
-                device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-            return x
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
-        return np.asarray(x)
-
-    def _check_meta(self, step: int, paths: list[str], specs: list[Any]) -> list[Any]:
-        meta = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-            "meta"
-        ]
-        if (
-            not isinstance(meta, dict)
-            or meta.get("format") != _FORMAT
-            or not isinstance(meta.get("leaves"), list)
-            or not all(isinstance(r, list) and len(r) == 4 for r in meta["leaves"])
-        ):
-            raise _Corrupt("meta item is not a checkpoint description")
-        saved = meta["leaves"]
-        if len(saved) != len(specs):
-            raise CheckpointError(
-                f"checkpoint step {step} in {self._dir} has {len(saved)} state leaves, "
-                f"the target has {len(specs)} (different config or code?)"
-            )
-        for path, spec, (saved_path, shape, dtype, _) in zip(paths, specs, saved, strict=True):
-            if [list(spec[0]), spec[1]] != [shape, dtype]:
-                raise CheckpointError(
-                    f"checkpoint step {step} does not match the target at {path}: saved "
-                    f"{_fmt((shape, dtype))} (as {saved_path}), target {_fmt(spec)}"
-                )
-        return [r[3] for r in saved]
-
-    @staticmethod
-    def _check_crc(values: list[Any], paths: list[str], crcs: list[Any]) -> None:
-        values = jax.device_get(values)
-        for path, value, crc in zip(paths, values, crcs, strict=True):
-            if crc is not None and _crc32(np.asarray(value)) != crc:
-                raise _Corrupt(f"leaf {path} does not match its checksum")
 
     # -- corrupt steps ----------------------------------------------------------------------
 

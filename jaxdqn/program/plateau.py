@@ -53,7 +53,9 @@ Action = Literal["none", "reset_branches", "rewind"]
 
 @dataclasses.dataclass(frozen=True)
 class PlateauState:
-    """Host-side plateau state carried from epoch to epoch (and saved with each checkpoint).
+    """Host-side plateau state carried from epoch to epoch, inside the run state saved with
+    each checkpoint (:class:`jaxdqn.program.run_state.RunState`), which keeps the O4/O6
+    counters nowhere else.
 
     Attributes:
       prev_sharpe: last epoch's validation Sharpe (``None`` before the first observation and

@@ -1,51 +1,21 @@
-"""The run's closing report: ``summary.json``, baseline equity files, ``report.md`` with plots.
+"""The run's closing report: ``report.md`` with its plots, assembled from the run directory.
 
 Files of a run directory read here (every one optional; what is missing is noted in the
 report instead of plotted):
 
 * ``config.yaml`` — the resolved config (header: data, sizes, switched-off components).
 * ``metrics.jsonl`` — one record per epoch (:mod:`jaxdqn.program.logger`); training curves.
-* ``summary.json`` — the final numbers, schema below (:func:`write_summary`).
-* ``eval_{split}.csv`` — the agent's per-bar walk of the split
-  (:data:`jaxdqn.evaluation.walk.LOG_COLUMNS`; with S seeds the S walks stacked with an int column
-  ``seed`` first, see :func:`write_eval_log`).
-* ``baselines_{split}.csv`` — baseline equity curves on the same bars: a ``date`` column, then
-  one column per baseline holding its equity after each bar (the ``equity`` column of the
-  baseline's per-bar log), written by :func:`write_baseline_equity`.
+* ``summary.json``, ``eval_{split}.csv``, ``baselines_{split}.csv`` — the result files
+  (:mod:`jaxdqn.program.results`, which defines their formats).
 
-``summary.json`` schema (JSON; every metric value is a number or ``null`` for NaN)::
-
-    {
-      "best_epoch":  int | null,    # epoch of the best checkpoint by val Sharpe (1-based)
-      "best_step":   int | null,    # learner updates done at that checkpoint (optional)
-      "epochs":      int,           # epochs completed
-      "wall_time_s": float,         # wall time of the whole run, seconds
-      "val":  {metric: float|null}, # the best checkpoint's val metrics (seed mean when S > 1)
-      "test": {metric: float|null}, # its test metrics (optional: absent until evaluated)
-      "baselines": {                # optional; every baseline through the same environment
-        name: {"val": {metric: float|null}, "test": {metric: float|null}}, ...
-      },
-      "seeds": [                    # optional; one entry per seed of a population run
-        {"seed": int, "best_epoch": int|null, "best_step": int|null,
-         "val": {...}, "test": {...}}, ...
-      ],
-      ...                           # any further keys (e.g. "jax_version", "device") are kept
-    }                               # and shown in the report's header when scalar
-
-Metric names are those of :func:`jaxdqn.evaluation.metrics.performance` (sharpe, sortino, max_drawdown,
-annual_return, annual_volatility, calmar, hit_rate, turnover, exposure, ...).
-
-Seeds in ``metrics.jsonl``: with S > 1 seeds (``len(summary["seeds"])``, else the length of the
-``val_sharpe`` list) a per-seed value carries the seed axis first (``loss`` ``[S]``, ``q_gap``
-``[S, 4]``); curves then show the mean over seeds with a ±1 std band (std over seeds, ddof 0),
-and the metrics table shows mean ± std (ddof 1) over the seeds beside each seed's row.
-Drawdown is ``W_t / max(1, max_{s≤t} W_s) − 1`` (the peak anchored at the initial wealth 1, as
-in :mod:`jaxdqn.evaluation.metrics`).
+Seeds: S is ``len(summary["seeds"])``, else the length of the ``val_sharpe`` list of
+``metrics.jsonl``. With S > 1 the curves show the seed mean with a ±1 std band
+(:mod:`jaxdqn.program.plots`) and the metrics table shows mean ± std (ddof 1) over the seeds
+beside each seed's row.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -54,439 +24,38 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import yaml
-from matplotlib.figure import Figure
-from numpy.typing import ArrayLike
 
 from jaxdqn.evaluation.metrics import RETURN_KEYS
-from jaxdqn.program.logger import read_metrics, to_jsonable
+from jaxdqn.program import metric_names, plots
+from jaxdqn.program.formats import clock
+from jaxdqn.program.logger import read_metrics
+from jaxdqn.program.results import (  # noqa: F401 (re-exported for the epoch loop and evaluate)
+    SPLITS,
+    read_baseline_equity,
+    read_eval_log,
+    read_summary,
+    write_baseline_equity,
+    write_eval_log,
+    write_summary,
+    write_text_atomic,
+)
 
-__all__ = [
-    "BRANCHES",
-    "REPORT_FILE",
-    "SUMMARY_FILE",
-    "TABLE_METRICS",
-    "drawdown",
-    "read_baseline_equity",
-    "read_eval_log",
-    "read_summary",
-    "write_baseline_equity",
-    "write_eval_log",
-    "write_report",
-    "write_summary",
-]
+__all__ = ["REPORT_FILE", "TABLE_METRICS", "write_report"]
 
 REPORT_FILE = "report.md"
-SUMMARY_FILE = "summary.json"
-BRANCHES = ("direction", "magnitude", "order", "urgency")
 TABLE_METRICS = (*RETURN_KEYS, "turnover", "exposure")
 """Metric columns of the report's tables, in this order (other metrics follow, sorted)."""
 
-_SPLITS = ("val", "test")
-
-
-# ---------------------------------------------------------------------------------------------
-# summary.json
-# ---------------------------------------------------------------------------------------------
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _check_metrics(where: str, value: Any) -> None:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"summary.{where}: expected a mapping of metric -> number")
-    for k, v in value.items():
-        if v is not None and not isinstance(v, (int, float, np.number)):
-            raise ValueError(f"summary.{where}.{k}: expected a number, got {v!r}")
-
-
-def _check_opt_int(where: str, value: Any) -> None:
-    if value is not None and not isinstance(value, (int, np.integer)):
-        raise ValueError(f"summary.{where}: expected an integer or None, got {value!r}")
-
-
-def _validate_summary(s: Mapping[str, Any]) -> None:
-    for key in ("best_epoch", "epochs", "wall_time_s", "val"):
-        if key not in s:
-            raise ValueError(f"summary: missing key {key!r}")
-    _check_opt_int("best_epoch", s["best_epoch"])
-    _check_opt_int("best_step", s.get("best_step"))
-    if not isinstance(s["epochs"], (int, np.integer)):
-        raise ValueError(f"summary.epochs: expected an integer, got {s['epochs']!r}")
-    if not isinstance(s["wall_time_s"], (int, float, np.number)):
-        raise ValueError(f"summary.wall_time_s: expected a number, got {s['wall_time_s']!r}")
-    _check_metrics("val", s["val"])
-    if s.get("test") is not None:
-        _check_metrics("test", s["test"])
-    for name, b in (s.get("baselines") or {}).items():
-        if not isinstance(b, Mapping):
-            raise ValueError(f"summary.baselines.{name}: expected {{'val': ..., 'test': ...}}")
-        for split in _SPLITS:
-            if b.get(split) is not None:
-                _check_metrics(f"baselines.{name}.{split}", b[split])
-    seeds = s.get("seeds")
-    if seeds is not None:
-        if not isinstance(seeds, Sequence) or isinstance(seeds, str):
-            raise ValueError("summary.seeds: expected a list of per-seed mappings")
-        for i, entry in enumerate(seeds):
-            if not isinstance(entry, Mapping):
-                raise ValueError(f"summary.seeds[{i}]: expected a mapping")
-            _check_opt_int(f"seeds[{i}].best_epoch", entry.get("best_epoch"))
-            _check_opt_int(f"seeds[{i}].best_step", entry.get("best_step"))
-            for split in _SPLITS:
-                if entry.get(split) is not None:
-                    _check_metrics(f"seeds[{i}].{split}", entry[split])
-
-
-def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path:
-    """Validate ``summary`` against the schema (module docstring) and write ``summary.json``
-    atomically (NaN and ±inf → ``null``; numpy and jax values converted). Returns its path.
-
-    Raises:
-      ValueError: a required key is missing or a value has the wrong type.
-    """
-    _validate_summary(summary)
-    path = Path(run_dir) / SUMMARY_FILE
-    text = json.dumps(to_jsonable(dict(summary), "summary"), indent=2, allow_nan=False)
-    _atomic_write_text(path, text + "\n")
-    return path
-
-
-def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """``summary.json`` of the run (``null`` metrics stay None), or None when absent."""
-    path = Path(run_dir) / SUMMARY_FILE
-    if not path.exists():
-        return None
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-bar logs and baseline equity
-# ---------------------------------------------------------------------------------------------
-
-
-def write_eval_log(path: str | os.PathLike, logs: pd.DataFrame | Sequence[pd.DataFrame]) -> Path:
-    """Write an agent's per-bar evaluation log (``EvalResult.log``) as CSV.
-
-    One DataFrame is written as is; a sequence of S DataFrames (one walk per seed) is stacked
-    with an int column ``seed`` (0..S−1) in front.
-    """
-    path = Path(path)
-    if isinstance(logs, pd.DataFrame):
-        frame = logs
-    else:
-        frame = pd.concat(
-            [log.assign(seed=s)[["seed", *log.columns]] for s, log in enumerate(logs)],
-            ignore_index=True,
-        )
-    frame.to_csv(path, index=False)
-    return path
-
-
-def _parse_dates(col: pd.Series) -> pd.Series:
-    if col.dtype.kind in "iuf":
-        return col
-    try:
-        return pd.to_datetime(col)
-    except (ValueError, TypeError):
-        return col
-
-
-def read_eval_log(path: str | os.PathLike) -> pd.DataFrame:
-    """A per-bar log written by :func:`write_eval_log` (``date`` parsed when it is a date)."""
-    frame = pd.read_csv(path)
-    if "date" in frame.columns:
-        frame["date"] = _parse_dates(frame["date"])
-    return frame
-
-
-def write_baseline_equity(
-    path: str | os.PathLike, dates: ArrayLike, equity: Mapping[str, ArrayLike]
-) -> Path:
-    """Write ``baselines_{split}.csv``: column ``date`` then one equity column per baseline.
-
-    Args:
-      path: the file (e.g. ``run_dir / "baselines_test.csv"``).
-      dates: ``[n]`` the bars (the ``date`` column of the baselines' per-bar logs).
-      equity: name → ``[n]`` equity after each bar (each log's ``equity`` column).
-
-    Raises:
-      ValueError: a series whose length differs from ``dates``, or no baseline.
-    """
-    dates = pd.Index(dates)
-    if not equity:
-        raise ValueError("write_baseline_equity: no baseline given")
-    columns = {"date": dates}
-    for name, values in equity.items():
-        arr = np.asarray(values, dtype=np.float64)
-        if arr.shape != (len(dates),):
-            raise ValueError(
-                f"write_baseline_equity: {name} has shape {arr.shape}, expected ({len(dates)},)"
-            )
-        if name == "date":
-            raise ValueError("write_baseline_equity: 'date' is not a baseline name")
-        columns[str(name)] = arr
-    path = Path(path)
-    pd.DataFrame(columns).to_csv(path, index=False)
-    return path
-
-
-def read_baseline_equity(path: str | os.PathLike) -> pd.DataFrame:
-    """``baselines_{split}.csv`` as a DataFrame indexed by ``date``, one column per baseline."""
-    frame = pd.read_csv(path)
-    frame["date"] = _parse_dates(frame["date"])
-    return frame.set_index("date")
-
-
-# ---------------------------------------------------------------------------------------------
-# Series from metrics.jsonl
-# ---------------------------------------------------------------------------------------------
-
-
-def _series(records: Sequence[Mapping[str, Any]], key: str) -> np.ndarray | None:
-    """``[N, *shape]`` float64 of ``key`` over the records (NaN where missing), or None when
-    never present, not numeric, or of inconsistent shape."""
-    arrays: list[np.ndarray | None] = []
-    for r in records:
-        v = r.get(key)
-        if v is None:
-            arrays.append(None)
-            continue
-        try:
-            arrays.append(np.array(v, dtype=np.float64))
-        except (TypeError, ValueError):
-            return None
-    shapes = {a.shape for a in arrays if a is not None}
-    if len(shapes) != 1:
-        return None
-    (shape,) = shapes
-    out = np.full((len(records), *shape), np.nan)
-    for i, a in enumerate(arrays):
-        if a is not None:
-            out[i] = a
-    return out
-
-
-def _components(arr: np.ndarray, seeds: int) -> list[tuple[tuple[int, ...], np.ndarray]]:
-    """Split ``[N, (S,) *comp]`` into ``(comp_index, y)`` with ``y`` ``[N]`` or ``[N, S]``."""
-    seeded = seeds > 1 and arr.ndim >= 2 and arr.shape[1] == seeds
-    comp_shape = arr.shape[2:] if seeded else arr.shape[1:]
-    lead = (slice(None), slice(None)) if seeded else (slice(None),)
-    return [(idx, arr[(*lead, *idx)]) for idx in np.ndindex(comp_shape)]
-
-
-def _mean_std(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows stay NaN
-        return np.nanmean(y, axis=1), np.nanstd(y, axis=1)
-
-
-def _plot_line(ax, x, y: np.ndarray, label: str | None, **kw) -> None:
-    """``y`` ``[N]``: a line; ``[N, S]``: the seed mean with a ±std band."""
-    if y.ndim == 1:
-        ax.plot(x, y, label=label, **kw)
-        return
-    mean, std = _mean_std(y)
-    (line,) = ax.plot(x, mean, label=label, **kw)
-    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-
-
-def _any_flag(value: Any) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, str):
-        return value not in ("", "none", "false", "False")
-    try:
-        return bool(np.any(np.asarray(value, dtype=bool)))
-    except (TypeError, ValueError):
-        return False
-
-
-def _action_epochs(records: Sequence[Mapping[str, Any]], action: str) -> list[int]:
-    out = []
-    for r in records:
-        value = r.get("action")
-        items = value if isinstance(value, (list, tuple)) else [value]
-        if action in items:
-            out.append(r["epoch"])
-    return out
-
-
-def _rewind_epochs(records: Sequence[Mapping[str, Any]]) -> list[int]:
-    if any("action" in r for r in records):
-        return _action_epochs(records, "rewind")
-    counts = _series(records, "rewinds")
-    if counts is None:
-        return []
-    total = np.nan_to_num(counts.reshape(len(records), -1)).sum(axis=1)
-    return [records[i]["epoch"] for i in range(1, len(records)) if total[i] > total[i - 1]]
-
-
-class _Markers:
-    """Epochs of SGDR restarts, branch resets (O4) and rewinds (O6), drawn as vertical lines."""
-
-    def __init__(self, records: Sequence[Mapping[str, Any]]):
-        self.restarts = [r["epoch"] for r in records if _any_flag(r.get("restart"))]
-        self.resets = _action_epochs(records, "reset_branches")
-        self.rewinds = _rewind_epochs(records)
-
-    def draw(self, ax, *, restarts: bool = False, resets: bool = False) -> None:
-        groups = [(self.rewinds, "rewind", "tab:red", "--")]
-        if restarts:
-            groups.append((self.restarts, "SGDR restart", "0.4", ":"))
-        if resets:
-            groups.append((self.resets, "branch reset", "tab:orange", "-."))
-        for epochs, label, color, style in groups:
-            for i, e in enumerate(epochs):
-                ax.axvline(
-                    e, color=color, linestyle=style, linewidth=1, label=label if i == 0 else None
-                )
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots
-# ---------------------------------------------------------------------------------------------
-
-
-def _save(fig: Figure, path: Path) -> str:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    return path.name
-
-
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best")
-
-
-def drawdown(equity: ArrayLike) -> np.ndarray:
-    """``W_t / max(1, max_{s≤t} W_s) − 1`` along axis 0 (``[n]`` or ``[n, S]``); ≤ 0."""
-    w = np.asarray(equity, dtype=np.float64)
-    peak = np.maximum.accumulate(np.maximum(w, 1.0), axis=0)
-    return w / peak - 1.0
-
-
-def _plot_equity(
-    run_dir: Path, split: str, agent: pd.DataFrame, baselines: pd.DataFrame | None
-) -> tuple[str, str]:
-    """Equity and drawdown PNGs of the agent (per-seed mean ± std) against the baselines."""
-    if "seed" in agent.columns:
-        wide = agent.pivot(index="date", columns="seed", values="equity").sort_index()
-        x, eq = wide.index, wide.to_numpy()
-        label = f"agent (mean ± std, {eq.shape[1]} seeds)"
-    else:
-        x, eq = agent["date"].to_numpy(), agent["equity"].to_numpy(dtype=np.float64)
-        label = "agent"
-
-    figs = []
-    for kind, fn, ylabel in (
-        ("equity", lambda w: w, "equity (start 1)"),
-        ("drawdown", drawdown, "drawdown"),
-    ):
-        fig = Figure(figsize=(9, 4.5))
-        ax = fig.add_subplot()
-        if baselines is not None:
-            for name in baselines.columns:
-                ax.plot(
-                    baselines.index,
-                    fn(baselines[name].to_numpy(dtype=np.float64)),
-                    linewidth=1,
-                    alpha=0.8,
-                    label=name,
-                )
-        y = fn(eq)
-        if y.ndim == 2:
-            for s in range(y.shape[1]):
-                ax.plot(x, y[:, s], color="black", linewidth=0.5, alpha=0.25)
-        _plot_line(ax, x, y, label, color="black", linewidth=2)
-        ax.set_title(f"{split}: agent {kind} vs baselines")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        _legend(ax)
-        fig.autofmt_xdate()
-        figs.append(_save(fig, run_dir / f"{kind}_{split}.png"))
-    return figs[0], figs[1]
-
-
-def _loss_keys(records: Sequence[Mapping[str, Any]]) -> list[str]:
-    keys = {k for r in records for k in r if k == "loss" or k.startswith("loss_")}
-    return sorted(keys, key=lambda k: (k != "loss", k != "loss_c51", k))
-
-
-def _plot_losses(path: Path, records, epochs, seeds: int, markers: _Markers) -> str | None:
-    keys = [k for k in _loss_keys(records) if _series(records, k) is not None]
-    if not keys:
-        return None
-    ncols = min(3, len(keys))
-    nrows = math.ceil(len(keys) / ncols)
-    fig = Figure(figsize=(4 * ncols, 2.8 * nrows))
-    for i, key in enumerate(keys):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
-        for idx, y in _components(_series(records, key), seeds):
-            _plot_line(ax, epochs, y, f"{key}{list(idx)}" if idx else None)
-        markers.draw(ax)
-        ax.set_title(key, fontsize=10)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-    return _save(fig, path)
-
-
-def _plot_keys(
-    path: Path,
-    records,
-    epochs,
-    seeds: int,
-    keys: Sequence[str],
-    title: str,
-    markers: _Markers,
-    *,
-    component_names: Sequence[str] | None = None,
-    hlines: Mapping[str, float] | None = None,
-    best_epoch: int | None = None,
-    restarts: bool = False,
-    logy: bool = False,
-) -> str | None:
-    """One panel of ``keys`` (first present one) with its components as separate lines."""
-    key = next((k for k in keys if _series(records, k) is not None), None)
-    if key is None:
-        return None
-    fig = Figure(figsize=(9, 4))
-    ax = fig.add_subplot()
-    comps = _components(_series(records, key), seeds)
-    for idx, y in comps:
-        if not idx:
-            label = key + (f" (mean ± std, {seeds} seeds)" if y.ndim == 2 else "")
-        elif component_names is not None and len(idx) == 1 and idx[0] < len(component_names):
-            label = component_names[idx[0]]
-        else:
-            label = f"{key}{list(idx)}"
-        _plot_line(ax, epochs, y, label)
-    for name, value in (hlines or {}).items():
-        if value is not None and math.isfinite(value):
-            ax.axhline(value, color="0.5", linewidth=1, linestyle="-.", label=name)
-    if best_epoch is not None:
-        ax.axvline(best_epoch, color="tab:green", linewidth=1, label=f"best epoch {best_epoch}")
-    markers.draw(ax, restarts=restarts, resets=restarts)
-    if logy:
-        ax.set_yscale("log")
-    ax.set_title(title)
-    ax.set_xlabel("epoch")
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _save(fig, path)
-
-
-# ---------------------------------------------------------------------------------------------
-# Markdown
-# ---------------------------------------------------------------------------------------------
+_THROUGHPUT = tuple(
+    zip(
+        metric_names.require("env_steps_per_s", "updates_per_s"),
+        ("env steps/s", "updates/s"),
+        strict=True,
+    )
+)
+"""(metric, label) of the header's median throughput."""
+_VAL_SHARPE, _LOSS, _WALL_TIME = metric_names.require("val_sharpe", "loss", "wall_time")
 
 
 def _num(v: Any) -> str:
@@ -510,11 +79,6 @@ def _as_float(v: Any) -> float:
         return float("nan")
 
 
-def _clock(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
 def _table(rows: Sequence[tuple[str, Mapping[str, str]]], columns: Sequence[str]) -> str:
     head = "| strategy | " + " | ".join(columns) + " |"
     rule = "| --- | " + " | ".join("---:" for _ in columns) + " |"
@@ -535,7 +99,7 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
     seeds = [s for s in (summary.get("seeds") or []) if isinstance(s, Mapping)]
     baselines = summary.get("baselines") or {}
     lines = ["## Results (best checkpoint by validation Sharpe)", ""]
-    for split in _SPLITS:
+    for split in SPLITS:
         agent = summary.get(split)
         seed_dicts = [s.get(split) or {} for s in seeds]
         if agent is None and not any(seed_dicts):
@@ -623,8 +187,8 @@ def _config_rows(cfg: Mapping[str, Any] | None) -> list[tuple[str, str]]:
 
 def _throughput(records: Sequence[Mapping[str, Any]]) -> str | None:
     parts = []
-    for key, label in (("env_steps_per_s", "env steps/s"), ("updates_per_s", "updates/s")):
-        y = _series(records, key)
+    for key, label in _THROUGHPUT:
+        y = plots.series(records, key)
         if y is not None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -648,7 +212,7 @@ def _num_seeds(summary: Mapping[str, Any] | None, records: Sequence[Mapping[str,
     if summary and isinstance(summary.get("seeds"), list) and summary["seeds"]:
         return len(summary["seeds"])
     for r in records:
-        v = r.get("val_sharpe", r.get("loss"))
+        v = r.get(_VAL_SHARPE, r.get(_LOSS))
         if isinstance(v, list):
             return len(v)
     return 1
@@ -678,7 +242,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     rows = _config_rows(cfg)
     if summary is not None:
         wall = summary.get("wall_time_s")
-        wall_text = f"{_clock(wall)} ({wall:.0f} s)" if isinstance(wall, (int, float)) else "?"
+        wall_text = f"{clock(wall)} ({wall:.0f} s)" if isinstance(wall, (int, float)) else "?"
         rows.append(("epochs / wall time", f"{summary.get('epochs', '?')} / {wall_text}"))
         best = summary.get("best_epoch")
         if best is not None:
@@ -695,12 +259,12 @@ def write_report(run_dir: str | os.PathLike) -> Path:
             if k not in known and isinstance(v, (str, int, float, bool)):
                 rows.append((k, str(v)))
     elif records:
-        wall = records[-1].get("wall_time")
+        wall = records[-1].get(_WALL_TIME)
         rows.append(
             (
                 "epochs / wall time",
                 f"{records[-1]['epoch']} logged"
-                + (f" / {_clock(wall)}" if isinstance(wall, (int, float)) else "")
+                + (f" / {clock(wall)}" if isinstance(wall, (int, float)) else "")
                 + " (no summary.json: the run has not finished)",
             )
         )
@@ -714,7 +278,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     else:
         lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
 
-    for split in _SPLITS:
+    for split in SPLITS:
         eval_path = run_dir / f"eval_{split}.csv"
         if split == "val" and not eval_path.exists():
             continue  # the val curve is optional; the test curve is always reported
@@ -725,7 +289,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
         agent = read_eval_log(eval_path)
         base_path = run_dir / f"baselines_{split}.csv"
         baselines = read_baseline_equity(base_path) if base_path.exists() else None
-        eq_png, dd_png = _plot_equity(run_dir, split, agent, baselines)
+        eq_png, dd_png = plots.plot_equity(run_dir, split, agent, baselines)
         if baselines is None:
             lines += [f"_No {base_path.name}: baselines are not drawn._", ""]
         lines += [f"![{split} equity]({eq_png})", "", f"![{split} drawdown]({dd_png})", ""]
@@ -734,65 +298,17 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     if not records:
         lines += ["_No metrics.jsonl records._", ""]
     else:
-        epochs = np.array([r["epoch"] for r in records])
-        markers = _Markers(records)
+        markers = plots.Markers(records)
         bh = ((summary or {}).get("baselines") or {}).get("buy_and_hold") or {}
-        plots = [
-            ("loss parts", _plot_losses(run_dir / "losses.png", records, epochs, seeds, markers)),
-            (
-                "validation Sharpe",
-                _plot_keys(
-                    run_dir / "val_sharpe.png",
-                    records,
-                    epochs,
-                    seeds,
-                    ["val_sharpe"],
-                    "validation Sharpe (A1 walk, fixed key)",
-                    markers,
-                    hlines={"buy_and_hold val": _as_float((bh.get("val") or {}).get("sharpe"))},
-                    best_epoch=(summary or {}).get("best_epoch"),
-                ),
-            ),
-            (
-                "learning rate",
-                _plot_keys(
-                    run_dir / "learning_rate.png",
-                    records,
-                    epochs,
-                    seeds,
-                    ["lr", "learning_rate"],
-                    "learning rate (SGDR) with restarts, branch resets and rewinds",
-                    markers,
-                    restarts=True,
-                ),
-            ),
-            (
-                "per-branch Q-gap",
-                _plot_keys(
-                    run_dir / "q_gap.png",
-                    records,
-                    epochs,
-                    seeds,
-                    ["q_gap"],
-                    "per-branch Q-gap",
-                    markers,
-                    component_names=BRANCHES,
-                ),
-            ),
-            (
-                "atom utilisation",
-                _plot_keys(
-                    run_dir / "atom_utilisation.png",
-                    records,
-                    epochs,
-                    seeds,
-                    ["atom_utilisation"],
-                    "atom utilisation",
-                    markers,
-                ),
-            ),
-        ]
-        for title, png in plots:
+        figures = plots.plot_training(
+            run_dir,
+            records,
+            seeds,
+            markers,
+            best_epoch=(summary or {}).get("best_epoch"),
+            val_sharpe_lines={"buy_and_hold val": _as_float((bh.get("val") or {}).get("sharpe"))},
+        )
+        for title, png in figures:
             if png is None:
                 lines += [f"_{title}: not in metrics.jsonl._", ""]
             else:
@@ -805,5 +321,5 @@ def write_report(run_dir: str | os.PathLike) -> Path:
         ]
 
     path = run_dir / REPORT_FILE
-    _atomic_write_text(path, "\n".join(lines))
+    write_text_atomic(path, "\n".join(lines))
     return path

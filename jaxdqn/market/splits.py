@@ -1,0 +1,89 @@
+"""Train / val / test splits (E2): contiguous time ranges of the bars, by date or by fraction."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import pandas as pd
+
+from jaxdqn.config import DataConfig
+from jaxdqn.market.data import DataError, first_line
+
+__all__ = ["Splits", "split"]
+
+
+class Splits(NamedTuple):
+    """Contiguous half-open row ranges ``(start, stop)``: train.stop == val.start, etc.
+
+    ``train`` starts at row 0 (its first ``warmup`` rows only feed the causal features) and
+    ``test`` stops at the last row + 1.
+    """
+
+    train: tuple[int, int]
+    val: tuple[int, int]
+    test: tuple[int, int]
+
+
+def split(df: pd.DataFrame, cfg: DataConfig, warmup: int) -> Splits:
+    """Cut ``df`` into contiguous train/val/test row ranges.
+
+    ``cfg.split == "date"``: train = bars dated on or before ``cfg.train_end`` (the whole day,
+    so intraday bars of that day count), val = after that up to and including ``cfg.val_end``,
+    test = the rest. ``"fraction"``: train = the first floor(train_frac T) bars, val = the next
+    floor((train_frac + val_frac) T) - floor(train_frac T), test = the rest.
+
+    Args:
+      df: bars indexed by date (from :func:`load` / :func:`load_ohlcv` / :func:`synthetic`).
+      cfg: the data config (split, train_end, val_end, train_frac, val_frac, min_split_rows).
+      warmup: leading rows that cannot be decided on (features' warmup + window - 1).
+
+    Raises:
+      DataError: a date split leaves a split empty, or train has fewer than
+        ``cfg.min_split_rows`` bars after ``warmup``, or val or test has fewer than
+        ``cfg.min_split_rows`` bars (T >= warmup + 3 min_split_rows is necessary).
+    """
+    name = df.attrs.get("source", "data")
+    n = len(df)
+    m = cfg.min_split_rows
+    need = warmup + 3 * m
+    if n < need:
+        raise DataError(
+            f"{name}: {n} rows; at least {need} are needed (warmup {warmup} + "
+            f"{m} bars in each of train, val and test; see data.min_split_rows)"
+        )
+    if cfg.split == "date":
+        index = df.index
+        if not isinstance(index, pd.DatetimeIndex):
+            raise DataError(f"{name}: split=date needs a date index")
+        try:
+            ends = [pd.Timestamp(cfg.train_end), pd.Timestamp(cfg.val_end)]
+        except Exception as e:
+            raise DataError(f"data.train_end/val_end: not dates ({first_line(e)})") from None
+        # First row strictly after each end day (every time of day on the end date included).
+        a, b = (int(index.searchsorted(e.normalize() + pd.Timedelta(days=1))) for e in ends)
+        out = Splits((0, a), (a, b), (b, n))
+        span = f"data covers {index[0].date()} to {index[-1].date()}"
+        labels = {
+            "train": f"on or before {cfg.train_end}",
+            "val": f"after {cfg.train_end} up to {cfg.val_end}",
+            "test": f"after {cfg.val_end}",
+        }
+        for which, (lo, hi) in out._asdict().items():
+            if hi <= lo:
+                raise DataError(
+                    f"{name}: split {which!r} is empty: no bars {labels[which]} ({span})"
+                )
+    else:
+        a = math.floor(cfg.train_frac * n)
+        b = math.floor((cfg.train_frac + cfg.val_frac) * n)
+        out = Splits((0, a), (a, b), (b, n))
+    for which, (lo, hi) in out._asdict().items():
+        usable = hi - max(lo, warmup)
+        if usable < m:
+            extra = f" after the warmup of {warmup} rows" if which == "train" else ""
+            raise DataError(
+                f"{name}: split {which!r} has {max(usable, 0)} bars{extra}; at least {m} needed "
+                "(data.min_split_rows)"
+            )
+    return out

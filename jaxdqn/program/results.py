@@ -1,0 +1,223 @@
+"""The result files of a finished run: ``summary.json``, per-bar walks, baseline equity.
+
+* ``summary.json`` — the final numbers, schema below (:func:`write_summary`).
+* ``eval_{split}.csv`` — the agent's per-bar walk of the split
+  (:data:`jaxdqn.evaluation.walk.LOG_COLUMNS`; with S seeds the S walks stacked with an int column
+  ``seed`` first, see :func:`write_eval_log`).
+* ``baselines_{split}.csv`` — baseline equity curves on the same bars: a ``date`` column, then
+  one column per baseline holding its equity after each bar (the ``equity`` column of the
+  baseline's per-bar log), written by :func:`write_baseline_equity`.
+
+``summary.json`` schema (JSON; every metric value is a number or ``null`` for NaN)::
+
+    {
+      "best_epoch":  int | null,    # epoch of the best checkpoint by val Sharpe (1-based)
+      "best_step":   int | null,    # learner updates done at that checkpoint (optional)
+      "epochs":      int,           # epochs completed
+      "wall_time_s": float,         # wall time of the whole run, seconds
+      "val":  {metric: float|null}, # the best checkpoint's val metrics (seed mean when S > 1)
+      "test": {metric: float|null}, # its test metrics (optional: absent until evaluated)
+      "baselines": {                # optional; every baseline through the same environment
+        name: {"val": {metric: float|null}, "test": {metric: float|null}}, ...
+      },
+      "seeds": [                    # optional; one entry per seed of a population run
+        {"seed": int, "best_epoch": int|null, "best_step": int|null,
+         "val": {...}, "test": {...}}, ...
+      ],
+      ...                           # any further keys (e.g. "jax_version", "device") are kept
+    }                               # and shown in the report's header when scalar
+
+Metric names are those of :func:`jaxdqn.evaluation.metrics.performance` (sharpe, sortino,
+max_drawdown, annual_return, annual_volatility, calmar, hit_rate, turnover, exposure, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from jaxdqn.program.formats import to_jsonable
+
+__all__ = [
+    "SPLITS",
+    "SUMMARY_FILE",
+    "read_baseline_equity",
+    "read_eval_log",
+    "read_summary",
+    "write_baseline_equity",
+    "write_eval_log",
+    "write_summary",
+    "write_text_atomic",
+]
+
+SUMMARY_FILE = "summary.json"
+SPLITS = ("val", "test")
+"""The evaluated splits, in report order."""
+
+
+# ---------------------------------------------------------------------------------------------
+# summary.json
+# ---------------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a fsync'ed temporary file and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _check_metrics(where: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"summary.{where}: expected a mapping of metric -> number")
+    for k, v in value.items():
+        if v is not None and not isinstance(v, (int, float, np.number)):
+            raise ValueError(f"summary.{where}.{k}: expected a number, got {v!r}")
+
+
+def _check_opt_int(where: str, value: Any) -> None:
+    if value is not None and not isinstance(value, (int, np.integer)):
+        raise ValueError(f"summary.{where}: expected an integer or None, got {value!r}")
+
+
+def _validate_summary(s: Mapping[str, Any]) -> None:
+    for key in ("best_epoch", "epochs", "wall_time_s", "val"):
+        if key not in s:
+            raise ValueError(f"summary: missing key {key!r}")
+    _check_opt_int("best_epoch", s["best_epoch"])
+    _check_opt_int("best_step", s.get("best_step"))
+    if not isinstance(s["epochs"], (int, np.integer)):
+        raise ValueError(f"summary.epochs: expected an integer, got {s['epochs']!r}")
+    if not isinstance(s["wall_time_s"], (int, float, np.number)):
+        raise ValueError(f"summary.wall_time_s: expected a number, got {s['wall_time_s']!r}")
+    _check_metrics("val", s["val"])
+    if s.get("test") is not None:
+        _check_metrics("test", s["test"])
+    for name, b in (s.get("baselines") or {}).items():
+        if not isinstance(b, Mapping):
+            raise ValueError(f"summary.baselines.{name}: expected {{'val': ..., 'test': ...}}")
+        for split in SPLITS:
+            if b.get(split) is not None:
+                _check_metrics(f"baselines.{name}.{split}", b[split])
+    seeds = s.get("seeds")
+    if seeds is not None:
+        if not isinstance(seeds, Sequence) or isinstance(seeds, str):
+            raise ValueError("summary.seeds: expected a list of per-seed mappings")
+        for i, entry in enumerate(seeds):
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"summary.seeds[{i}]: expected a mapping")
+            _check_opt_int(f"seeds[{i}].best_epoch", entry.get("best_epoch"))
+            _check_opt_int(f"seeds[{i}].best_step", entry.get("best_step"))
+            for split in SPLITS:
+                if entry.get(split) is not None:
+                    _check_metrics(f"seeds[{i}].{split}", entry[split])
+
+
+def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path:
+    """Validate ``summary`` against the schema (module docstring) and write ``summary.json``
+    atomically (NaN and ±inf → ``null``; numpy and jax values converted). Returns its path.
+
+    Raises:
+      ValueError: a required key is missing or a value has the wrong type.
+    """
+    _validate_summary(summary)
+    path = Path(run_dir) / SUMMARY_FILE
+    text = json.dumps(to_jsonable(dict(summary), "summary"), indent=2, allow_nan=False)
+    write_text_atomic(path, text + "\n")
+    return path
+
+
+def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``summary.json`` of the run (``null`` metrics stay None), or None when absent."""
+    path = Path(run_dir) / SUMMARY_FILE
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-bar logs and baseline equity
+# ---------------------------------------------------------------------------------------------
+
+
+def write_eval_log(path: str | os.PathLike, logs: pd.DataFrame | Sequence[pd.DataFrame]) -> Path:
+    """Write an agent's per-bar evaluation log (``EvalResult.log``) as CSV.
+
+    One DataFrame is written as is; a sequence of S DataFrames (one walk per seed) is stacked
+    with an int column ``seed`` (0..S−1) in front.
+    """
+    path = Path(path)
+    if isinstance(logs, pd.DataFrame):
+        frame = logs
+    else:
+        frame = pd.concat(
+            [log.assign(seed=s)[["seed", *log.columns]] for s, log in enumerate(logs)],
+            ignore_index=True,
+        )
+    frame.to_csv(path, index=False)
+    return path
+
+
+def _parse_dates(col: pd.Series) -> pd.Series:
+    if col.dtype.kind in "iuf":
+        return col
+    try:
+        return pd.to_datetime(col)
+    except (ValueError, TypeError):
+        return col
+
+
+def read_eval_log(path: str | os.PathLike) -> pd.DataFrame:
+    """A per-bar log written by :func:`write_eval_log` (``date`` parsed when it is a date)."""
+    frame = pd.read_csv(path)
+    if "date" in frame.columns:
+        frame["date"] = _parse_dates(frame["date"])
+    return frame
+
+
+def write_baseline_equity(
+    path: str | os.PathLike, dates: ArrayLike, equity: Mapping[str, ArrayLike]
+) -> Path:
+    """Write ``baselines_{split}.csv``: column ``date`` then one equity column per baseline.
+
+    Args:
+      path: the file (e.g. ``run_dir / "baselines_test.csv"``).
+      dates: ``[n]`` the bars (the ``date`` column of the baselines' per-bar logs).
+      equity: name → ``[n]`` equity after each bar (each log's ``equity`` column).
+
+    Raises:
+      ValueError: a series whose length differs from ``dates``, or no baseline.
+    """
+    dates = pd.Index(dates)
+    if not equity:
+        raise ValueError("write_baseline_equity: no baseline given")
+    columns = {"date": dates}
+    for name, values in equity.items():
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.shape != (len(dates),):
+            raise ValueError(
+                f"write_baseline_equity: {name} has shape {arr.shape}, expected ({len(dates)},)"
+            )
+        if name == "date":
+            raise ValueError("write_baseline_equity: 'date' is not a baseline name")
+        columns[str(name)] = arr
+    path = Path(path)
+    pd.DataFrame(columns).to_csv(path, index=False)
+    return path
+
+
+def read_baseline_equity(path: str | os.PathLike) -> pd.DataFrame:
+    """``baselines_{split}.csv`` as a DataFrame indexed by ``date``, one column per baseline."""
+    frame = pd.read_csv(path)
+    frame["date"] = _parse_dates(frame["date"])
+    return frame.set_index("date")

@@ -1,0 +1,92 @@
+"""What the host sets before each epoch: O2 learning rate, O3 restart, A2 readiness.
+
+:func:`schedule` is pure arithmetic on the run's position; :func:`apply_schedule` writes its
+result into a seed-stacked train state without changing any abstract value (shape, dtype, weak
+type), so the jitted iteration is compiled once for the whole run.
+
+With ``c = epoch − cycle_start`` the epoch's position in the current SGDR cycle (a rewind starts
+a new cycle), ``T = optim.sgdr_period``, ``f = optim.sgdr_floor``, ``r₀ = acting.iqn_readiness``
+and ``N = acting.iqn_readiness_epochs``:
+
+* O2 ``lr = optim.lr · (f + (1 − f) · ½(1 + cos(π · (c mod T) / T)))``;
+* O3 ``restart = c > 0 ∧ c mod T = 0 ∧ iteration_in_epoch = 0``: Adam's ``μ, ν`` are scaled by
+  ``optim.restart_moment_scale`` once, before the epoch's first iteration (never again when an
+  interrupted epoch is resumed part-way);
+* A2 ``readiness = min(1, r₀ + (1 − r₀) · epoch / N)`` (by the run's epoch, not the cycle's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+
+from jaxdqn.agent import optim
+from jaxdqn.agent.dynamics import Dynamics
+from jaxdqn.agent.state import TrainState
+from jaxdqn.config import ActingConfig, OptimConfig
+
+__all__ = ["EpochSchedule", "apply_schedule", "schedule"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochSchedule:
+    """The host-set inputs of one epoch (see the module docstring).
+
+    Attributes:
+      lr: O2 learning rate of the trunk and branches (Python float; logged as ``lr``).
+      restart: O3, scale the Adam moments before this epoch's first iteration.
+      readiness: A2 IQN readiness in ``[0, 1]``.
+    """
+
+    lr: float
+    restart: bool
+    readiness: float
+
+
+def schedule(
+    epoch: int,
+    cycle_start: int,
+    iteration_in_epoch: int,
+    optim_cfg: OptimConfig,
+    acting_cfg: ActingConfig,
+) -> EpochSchedule:
+    """The schedule of ``epoch`` (0-based) whose SGDR cycle began at epoch ``cycle_start``;
+    ``iteration_in_epoch`` > 0 when an interrupted epoch is resumed (no second O3 restart)."""
+    cycle_epoch = epoch - cycle_start
+    lr = optim.sgdr_learning_rate(
+        cycle_epoch, optim_cfg.lr, optim_cfg.sgdr_period, optim_cfg.sgdr_floor
+    )
+    restart = optim.is_restart(cycle_epoch, optim_cfg.sgdr_period) and iteration_in_epoch == 0
+    r0 = acting_cfg.iqn_readiness
+    readiness = min(1.0, r0 + (1.0 - r0) * epoch / acting_cfg.iqn_readiness_epochs)
+    return EpochSchedule(lr=lr, restart=restart, readiness=readiness)
+
+
+def apply_schedule(
+    state: TrainState,
+    sched: EpochSchedule,
+    dynamics: Dynamics,
+    moment_scale: float,
+    eval_q_std_ema: Sequence[float] | None,
+) -> TrainState:
+    """Write ``sched`` into a train state with a leading seed axis ``[S, ...]``.
+
+    Every seed gets the same learning rate (float32, written into the injected optax
+    hyperparameters) and readiness; at a restart every seed's trunk and branch Adam ``μ, ν``
+    are multiplied by ``moment_scale``. ``eval_q_std_ema`` (``[S]`` floats, or ``None`` before
+    the first validation → 0) is M14's input from the host EMA of the validation Q spread.
+    Only values change, never shapes or dtypes.
+    """
+    opt_state = state.opt_state
+    if sched.restart:
+        opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, moment_scale))(opt_state)
+    opt_state = jax.vmap(lambda o: optim.set_learning_rate(o, sched.lr))(opt_state)
+    # set_host_inputs broadcasts to the stored [S] shape as float32.
+    host_inputs = dynamics.set_host_inputs(
+        state.dynamics,
+        iqn_readiness=sched.readiness,
+        eval_q_std_ema=0.0 if not eval_q_std_ema else list(eval_q_std_ema),
+    )
+    return state.replace(opt_state=opt_state, dynamics=host_inputs)

@@ -1,0 +1,76 @@
+"""Deterministic walks (A1, E3) of one seed of a seed-stacked train state.
+
+The training loop validates every seed after each epoch, the run's end walks the best
+checkpoint on val and test, and ``python -m jaxdqn.evaluate`` walks any checkpoint: all three
+go through :func:`walk_seed`, so a checkpoint walked by any of them gives the identical log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxdqn.agent.build import Agent
+from jaxdqn.agent.state import TrainState
+from jaxdqn.config import EvalConfig
+from jaxdqn.evaluation import walk as walk_lib
+from jaxdqn.market.market import Prepared
+
+__all__ = ["make_validate", "seed_policy_params", "walk_seed"]
+
+
+def seed_policy_params(agent: Agent, state: TrainState, s: int) -> tuple[Any, Any, Any, Any]:
+    """``(params, v_min, Δz, readiness)`` of seed ``s`` of ``state`` ``[S, ...]``: the traced
+    arguments of ``agent.acting.eval_policy`` (support grid from ``agent.dynamics.grid``)."""
+    take = lambda x: x[s]
+    v_min, dz = agent.dynamics.grid(jax.tree.map(take, state.dynamics))
+    return jax.tree.map(take, state.params), v_min, dz, state.dynamics.iqn_readiness[s]
+
+
+def walk_seed(
+    agent: Agent,
+    prepared: Prepared,
+    eval_cfg: EvalConfig,
+    state: TrainState,
+    split: str,
+    s: int,
+) -> walk_lib.EvalResult:
+    """Seed ``s``'s evaluation policy walked over ``split`` with the fixed key ``eval.key``."""
+    lo, hi = prepared.eval_range(split)
+    return walk_lib.walk(
+        prepared.market,
+        prepared.env_params,
+        lo,
+        hi,
+        agent.acting.eval_policy,
+        jax.random.PRNGKey(eval_cfg.key),
+        prepared.dates,
+        periods_per_year=eval_cfg.periods_per_year,
+        policy_params=seed_policy_params(agent, state, s),
+    )
+
+
+def make_validate(
+    agent: Agent, prepared: Prepared, eval_cfg: EvalConfig, num_seeds: int
+) -> Callable[[TrainState], tuple[list[walk_lib.EvalResult], np.ndarray]]:
+    """``validate(state) -> (results, spread)``: every seed's val walk and the ``[S]``
+    validation Q spreads (:func:`jaxdqn.evaluation.walk.value_spread`, M14's host input)."""
+    vlo, vhi = prepared.eval_range("val")
+    model, market, env_params = agent.model, prepared.market, prepared.env_params
+    spread_fn = jax.jit(
+        jax.vmap(
+            lambda params, vmin, dz: walk_lib.value_spread(
+                model, params, market, env_params, vlo, vhi, vmin, dz
+            )
+        )
+    )
+
+    def validate(state: TrainState) -> tuple[list[walk_lib.EvalResult], np.ndarray]:
+        results = [walk_seed(agent, prepared, eval_cfg, state, "val", s) for s in range(num_seeds)]
+        v_min, dz = agent.dynamics.grid(state.dynamics)  # [S] each
+        return results, np.asarray(spread_fn(state.params, v_min, dz))
+
+    return validate

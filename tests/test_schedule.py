@@ -1,0 +1,140 @@
+"""The per-epoch schedule (O2 SGDR learning rate, O3 restart, A2 readiness ramp) and writing it
+into a seed-stacked train state without recompiling the iteration."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jaxdqn import config
+from jaxdqn.agent import iteration, optim
+from jaxdqn.agent.build import build_agent, make_init
+from jaxdqn.config import ActingConfig, OptimConfig
+from jaxdqn.market import market as market_lib
+from jaxdqn.program.schedule import EpochSchedule, apply_schedule, schedule
+
+SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
+OPT = OptimConfig(lr=1e-3, sgdr_period=4, sgdr_floor=0.2, restart_moment_scale=0.5)
+ACT = ActingConfig(iqn_readiness=0.5, iqn_readiness_epochs=4)
+# One cycle of T = 4 epochs by hand: base · (f + (1 − f) · ½(1 + cos(π c / 4))), f = 0.2.
+CYCLE = [
+    1e-3,
+    1e-3 * (0.2 + 0.8 * (2 + math.sqrt(2)) / 4),
+    0.6e-3,
+    1e-3 * (0.2 + 0.8 * (2 - math.sqrt(2)) / 4),
+]
+
+
+def test_o2_lr_follows_the_cosine_cycle_and_restarts_at_base():
+    lrs = [schedule(e, 0, 0, OPT, ACT).lr for e in range(9)]
+    assert lrs == pytest.approx(CYCLE + CYCLE + [1e-3], rel=1e-12)
+    assert lrs[0] == 1e-3 and lrs[4] == 1e-3  # exactly the base rate at each cycle start
+    # A rewind starts a new cycle at cycle_start: its position is epoch − cycle_start.
+    assert [schedule(5 + c, 5, 0, OPT, ACT).lr for c in range(4)] == pytest.approx(CYCLE)
+    # An interrupted epoch resumed part-way keeps its epoch's rate.
+    assert schedule(6, 0, 3, OPT, ACT).lr == schedule(6, 0, 0, OPT, ACT).lr
+
+
+def test_o3_restart_exactly_at_cycle_boundaries_and_first_iteration():
+    restarts = [e for e in range(13) if schedule(e, 0, 0, OPT, ACT).restart]
+    assert restarts == [4, 8, 12]  # not epoch 0: the run's first cycle is no restart
+    # Only before an epoch's first iteration: a resumed interrupted epoch is not scaled twice.
+    assert not any(schedule(e, 0, i, OPT, ACT).restart for e in range(13) for i in (1, 2))
+    # After a rewind at cycle_start 5 the new cycle starts without O3; restarts follow it.
+    assert [e for e in range(5, 14) if schedule(e, 5, 0, OPT, ACT).restart] == [9, 13]
+
+
+def test_a2_readiness_ramps_linearly_to_one_by_run_epoch():
+    ready = [schedule(e, 0, 0, OPT, ACT).readiness for e in range(7)]
+    assert ready == [0.5, 0.625, 0.75, 0.875, 1.0, 1.0, 1.0]
+    # The ramp follows the run's epoch, not the SGDR cycle (a rewind does not restart it).
+    assert schedule(2, 2, 0, OPT, ACT).readiness == 0.75
+    start = ActingConfig(iqn_readiness=1.0, iqn_readiness_epochs=4)
+    assert schedule(0, 0, 0, OPT, start).readiness == 1.0
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    cfg = config.load(SMOKE)
+    p = market_lib.prepare(cfg)
+    agent = build_agent(cfg, p)
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    state = make_init(agent, num_seeds=2)(p.market, keys)
+    return agent, p, state
+
+
+def _avals(state):
+    leaves, treedef = jax.tree.flatten(state)
+    return treedef, [jax.typeof(x) for x in leaves]
+
+
+def _main_adam(opt_state):
+    """The trunk's and branches' Adam states of a seed-stacked optimiser state."""
+    found = []
+    is_mt = lambda n: isinstance(n, optax.MultiTransformState)
+    is_adam = lambda n: isinstance(n, optax.ScaleByAdamState)
+    for node in jax.tree.leaves(opt_state, is_leaf=is_mt):
+        if is_mt(node):
+            for name in optim.MAIN:
+                found += [
+                    n for n in jax.tree.leaves(node.inner_states[name], is_leaf=is_adam)
+                    if is_adam(n)
+                ]  # fmt: skip
+    assert found
+    return found
+
+
+def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
+    agent, _, state = smoke
+    bumped = state.replace(
+        opt_state=jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
+    )
+    sched = EpochSchedule(lr=3e-4, restart=True, readiness=0.625)
+    out = apply_schedule(bumped, sched, agent.dynamics, 0.5, [0.25, 0.75])
+    assert _avals(out) == _avals(state)
+    lr = np.asarray(jax.vmap(optim.get_learning_rate)(out.opt_state))
+    np.testing.assert_array_equal(lr, np.full(2, 3e-4, np.float32))
+    for before, after in zip(_main_adam(bumped.opt_state), _main_adam(out.opt_state), strict=True):
+        for a, b in zip(jax.tree.leaves(before.mu), jax.tree.leaves(after.mu), strict=True):
+            np.testing.assert_array_equal(np.asarray(a) * np.float32(0.5), b)
+        for a, b in zip(jax.tree.leaves(before.nu), jax.tree.leaves(after.nu), strict=True):
+            np.testing.assert_array_equal(np.asarray(a) * np.float32(0.5), b)
+    np.testing.assert_array_equal(out.dynamics.iqn_readiness, np.float32([0.625, 0.625]))
+    np.testing.assert_array_equal(out.dynamics.eval_q_std_ema, np.float32([0.25, 0.75]))
+    # No restart: moments untouched; no EMA yet (before the first validation): zeros.
+    calm = apply_schedule(bumped, EpochSchedule(1e-3, False, 0.5), agent.dynamics, 0.5, None)
+    for a, b in zip(
+        jax.tree.leaves(_main_adam(bumped.opt_state)),
+        jax.tree.leaves(_main_adam(calm.opt_state)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(calm.dynamics.eval_q_std_ema, np.zeros(2, np.float32))
+
+
+def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
+    agent, p, state = smoke
+    traces = []
+    real = iteration.iteration
+
+    def counted(agent_, state_, market):
+        traces.append(1)
+        return real(agent_, state_, market)
+
+    monkeypatch.setattr(iteration, "iteration", counted)
+    iterate = iteration.make_iteration(agent, num_seeds=2)
+    state = jax.tree.map(lambda x: x.copy(), state)  # the fixture's state is not donated
+    ema = None
+    for epoch in range(6):  # restarts at 4 (period 4), lr and readiness change every epoch
+        sched = schedule(epoch, 0, 0, OPT, ACT)
+        state = apply_schedule(state, sched, agent.dynamics, OPT.restart_moment_scale, ema)
+        state, _ = iterate(state, p.market)
+        ema = [0.1 * (epoch + 1), 0.2]
+    state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))
+    iterate(state, p.market)
+    assert len(traces) == 1
