@@ -22,7 +22,8 @@ def _main(argv) -> int:
     from jaxdqn import config as config_lib
     from jaxdqn.agent.build import build_agent, make_init
     from jaxdqn.market import market as market_lib
-    from jaxdqn.program import checkpoint, report
+    from jaxdqn.program import checkpoint
+    from jaxdqn.program.results import write_eval_log
     from jaxdqn.program.walks import walk_seed
 
     parser = argparse.ArgumentParser(
@@ -80,7 +81,7 @@ def _main(argv) -> int:
     out = Path(args.out) if args.out else run_dir / "eval"
     out.mkdir(parents=True, exist_ok=True)
     results = [walk_seed(agent, prepared, cfg.eval, state, args.split, s) for s in range(num_seeds)]
-    log_path = report.write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
+    log_path = write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
     payload = {
         "run_dir": str(run_dir),
         "checkpoint_step": step,

@@ -9,7 +9,6 @@ import pytest
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
-from jaxdqn.agent import state as train_state
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.market import market as market_setup
 
@@ -70,7 +69,7 @@ def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
     state = smoke["state"]
     before = len(smoke["traces"])
     for lr in (1e-4, 2.5e-4, 3e-5):
-        state = train_state.set_learning_rate(state, lr)
+        state = state.replace(opt_state=optim.set_learning_rate(state.opt_state, lr))
         state = state.replace(opt_state=optim.scale_adam_moments(state.opt_state, 0.5))
         dyn = agent.dynamics.set_host_inputs(
             state.dynamics, iqn_readiness=lr * 1000, eval_q_std_ema=0.01

@@ -63,10 +63,6 @@ class Agent:
     learning_starts: int
     updates: int
 
-    def init(self, market: env_lib.MarketData, key: chex.PRNGKey) -> TrainState:
-        """A fresh train state; every random choice is split from ``key`` (never re-created)."""
-        return init_train_state(self, market, key)
-
 
 def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
     """L8 replay of n-step transitions with observations of width ``obs_dim``."""
@@ -154,8 +150,8 @@ def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey
 
 
 def make_init(agent: Agent, *, num_seeds: int | None = None):
-    """``jit(agent.init)``: ``(market, key) -> TrainState``; with ``num_seeds`` it takes
-    ``keys [S, 2]`` and returns states with a leading seed axis."""
+    """``jit(init_train_state)`` for ``agent``: ``(market, key) -> TrainState``; with
+    ``num_seeds`` it takes ``keys [S, 2]`` and returns states with a leading seed axis."""
     fn = lambda market, key: init_train_state(agent, market, key)
     if num_seeds is not None:
         fn = jax.vmap(fn, in_axes=(None, 0))

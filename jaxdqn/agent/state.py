@@ -16,11 +16,10 @@ from flax import struct
 
 from jaxdqn.agent.dynamics import DynamicsState
 from jaxdqn.agent.nstep import NStepState
-from jaxdqn.agent.optim import set_learning_rate as _set_lr
 from jaxdqn.agent.replay import ReplayState
 from jaxdqn.market.env import EnvState
 
-__all__ = ["TrainState", "set_learning_rate"]
+__all__ = ["TrainState"]
 
 
 @struct.dataclass
@@ -38,8 +37,3 @@ class TrainState:
     key: chex.PRNGKey
     iteration: chex.Array  # int32, iterations run
     updates: chex.Array  # int32, learner updates applied
-
-
-def set_learning_rate(state: TrainState, lr: float) -> TrainState:
-    """O2: write the main learning rate into the optimiser state (float32; no recompile)."""
-    return state.replace(opt_state=_set_lr(state.opt_state, lr))

@@ -21,7 +21,7 @@ from jaxdqn.agent.state import TrainState
 from jaxdqn.config import Config
 from jaxdqn.evaluation import baselines
 from jaxdqn.market.market import Prepared
-from jaxdqn.program import checkpoint, report
+from jaxdqn.program import checkpoint, report, results
 from jaxdqn.program.run_state import RunState
 from jaxdqn.program.walks import walk_seed
 
@@ -56,7 +56,7 @@ def finish(
             seed_metrics[split] = res.metrics
         per_seed.append({"seed": s, **seed_metrics})
     for split, frames in logs.items():
-        report.write_eval_log(run_dir / f"eval_{split}.csv", frames)
+        results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
 
     base_logs: dict[tuple[str, str], pd.DataFrame] = {}
     table = baselines.run_baselines(cfg, prepared, logs=base_logs)
@@ -64,7 +64,7 @@ def finish(
         name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in SPLITS}
         for name in table.index
     }
-    report.write_baseline_equity(
+    results.write_baseline_equity(
         run_dir / "baselines_test.csv",
         logs["test"][0]["date"],
         {name: base_logs[(name, "test")]["equity"].to_numpy() for name in table.index},
@@ -86,6 +86,6 @@ def finish(
     }
     if num_seeds > 1:
         summary["seeds"] = per_seed
-    report.write_summary(run_dir, summary)
+    results.write_summary(run_dir, summary)
     report.write_report(run_dir)
     return summary

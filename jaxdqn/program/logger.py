@@ -38,7 +38,6 @@ import numpy as np
 
 from jaxdqn.program import tensorboard as tb
 from jaxdqn.program.formats import to_jsonable
-from jaxdqn.program.progress import Progress  # noqa: F401 (re-exported for the epoch loop)
 
 __all__ = [
     "EVENTS_FILE",

@@ -33,6 +33,7 @@ from jaxdqn.program import checkpoint, plateau
 from jaxdqn.program import logger as logger_lib
 from jaxdqn.program.epoch_log import EpochMetrics, epoch_means, epoch_record, kept_after_save
 from jaxdqn.program.finish import finish
+from jaxdqn.program.progress import Progress
 from jaxdqn.program.run_state import RunState
 from jaxdqn.program.schedule import apply_schedule, schedule
 from jaxdqn.program.walks import make_validate
@@ -113,9 +114,7 @@ class Trainer:
         try:
             # progress=False still prints one plain line per epoch (no rich bar).
             force_terminal = None if self.progress else False
-            with logger_lib.Progress(
-                tc.epochs, start_epoch=run.epoch, force_terminal=force_terminal
-            ) as bar:
+            with Progress(tc.epochs, start_epoch=run.epoch, force_terminal=force_terminal) as bar:
                 while run.epoch < tc.epochs:
                     state, run, record = self.run_epoch(state, run)
                     if record is None:  # interrupted inside the epoch

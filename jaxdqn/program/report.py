@@ -30,14 +30,11 @@ from jaxdqn.evaluation.metrics import RETURN_KEYS
 from jaxdqn.program import metric_names, plots
 from jaxdqn.program.formats import clock
 from jaxdqn.program.logger import read_metrics
-from jaxdqn.program.results import (  # noqa: F401 (re-exported for the epoch loop and evaluate)
+from jaxdqn.program.results import (
     SPLITS,
     read_baseline_equity,
     read_eval_log,
     read_summary,
-    write_baseline_equity,
-    write_eval_log,
-    write_summary,
     write_text_atomic,
 )
 
