@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pallas_kernels
 from jaxdqn.config import SWITCHES, KernelsConfig, ModelConfig
-from jaxdqn.config.sections import BACKENDS
+from jaxdqn.config.fields import BACKENDS
 from jaxdqn.model import network as N
 from jaxdqn.model.xlstm import batch_statistics
 

@@ -9,7 +9,12 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from jaxdqn.evaluation.baselines import TABLE_METRICS, run_baselines
+from jaxdqn.evaluation.baselines import (
+    TABLE_METRICS,
+    describe_execution,
+    oracle_execution,
+    run_baselines,
+)
 from jaxdqn.market.market import Prepared, prepare
 from jaxdqn.program import cli
 
@@ -47,6 +52,13 @@ def _main(argv: Sequence[str] | None) -> int:
         f"{cfg.env.half_spread_bps:g} bps + commission {cfg.env.commission_bps:g} bps; "
         f"max leverage {cfg.env.max_leverage:g}"
     )
+    if oracle_execution(table) is not None:
+        print(
+            "best execution of the oracle's direction on val (the oracle row): "
+            f"{describe_execution(oracle_execution(table))}; rows oracle_<order>_<urgency>: "
+            f"every execution (limits fill when traded through by "
+            f"{cfg.env.limit_through_bps:g} bps)"
+        )
     print(format_table(table, prepared))
     return 0
 

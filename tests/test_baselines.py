@@ -167,12 +167,57 @@ def test_e3_oracle_follows_the_oracle_column_and_beats_random_on_synthetic():
 def test_e3_run_baselines_table_matches_single_walks():
     cfg, p = _prepared(SYNTHETIC)
     table = baselines.run_baselines(cfg, p)
-    assert list(table.index) == list(baselines.BASELINE_NAMES)
+    assert list(table.index) == [*baselines.BASELINE_NAMES, *baselines.ORACLE_EXECUTIONS]
     assert set(table.columns.get_level_values("split")) == {"val", "test"}
     # the shared-compilation path (policy_params) equals the closure path
     walked = _walk("momentum", "test", SYNTHETIC).metrics
     assert table.loc["momentum", ("test", "sharpe")] == walked["sharpe"]
     assert table.loc["momentum", ("test", "turnover")] == walked["turnover"]
+
+
+def test_e3_oracle_best_execution_selected_on_val():
+    cfg, p = _prepared(SYNTHETIC)
+    logs: dict[tuple[str, str], pd.DataFrame] = {}
+    table = baselines.run_baselines(cfg, p, logs=logs)
+    names = list(baselines.ORACLE_EXECUTIONS)
+    # every execution: order type {market, limit, limit_then_market} x urgency {low, mid, high}
+    assert len(names) == 9 and set(names) <= set(table.index)
+    assert {"oracle_market_high", "oracle_limit_low", "oracle_limit_then_market_mid"} <= set(names)
+    for name, (order, urgency) in baselines.ORACLE_EXECUTIONS.items():
+        log = logs[(name, "test")]
+        assert (log["order"] == order).all() and (log["urgency"] == urgency).all(), name
+        assert (log["magnitude"] == 2).all() and (log["scale"] == 1.0).all()
+        t = log["t"].to_numpy()
+        np.testing.assert_array_equal(log["direction"] - 1, p.df["oracle"].to_numpy()[t])
+    # the oracle row is the execution with the best val Sharpe, with that execution's test
+    # numbers, and says which one it is
+    val = table.loc[names, ("val", "sharpe")]
+    best = val.idxmax()
+    assert baselines.oracle_execution(table) == best
+    pd.testing.assert_series_equal(table.loc["oracle"], table.loc[best], check_names=False)
+    pd.testing.assert_frame_equal(logs[("oracle", "test")], logs[(best, "test")])
+    assert table.loc["oracle", ("val", "sharpe")] == val.max()
+    # limit fills are no longer free: the plain deep limit misses moves the oracle wanted
+    assert table.loc["oracle_limit_low", ("val", "sharpe")] < val.max()
+    # never selected on test: walking test only chooses the same execution (on val walks that
+    # are not reported) whatever test says
+    only_test = baselines.run_baselines(cfg, p, splits=("test",))
+    assert set(only_test.columns.get_level_values("split")) == {"test"}
+    assert baselines.oracle_execution(only_test) == best
+    pd.testing.assert_series_equal(
+        only_test.loc["oracle", "test"], table.loc[best, "test"], check_names=False
+    )
+    # a row equals the single walk of its policy
+    walked = _walk("oracle_limit_high", "test", SYNTHETIC).metrics
+    assert table.loc["oracle_limit_high", ("test", "sharpe")] == walked["sharpe"]
+    assert baselines.describe_execution("oracle_limit_then_market_low") == (
+        "limit-then-market, low urgency"
+    )
+    # no oracle on real data: no execution rows, no choice
+    cfg_real, p_real = _prepared()
+    real = baselines.run_baselines(cfg_real, p_real, splits=("val",))
+    assert list(real.index) == [n for n in baselines.BASELINE_NAMES if n != "oracle"]
+    assert baselines.oracle_execution(real) is None
 
 
 def _run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -194,8 +239,10 @@ def test_e3_cli_prints_every_baseline_for_val_and_test():
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "val:" in out and "test:" in out
-    for name in baselines.BASELINE_NAMES:
-        assert out.count(name) == 2, name
+    first_words = [line.split()[0] for line in out.splitlines() if line.strip()]
+    for name in [*baselines.BASELINE_NAMES, *baselines.ORACLE_EXECUTIONS]:
+        assert first_words.count(name) == 2, name  # one row per split
+    assert "best execution of the oracle's direction on val (the oracle row): " in out
     for metric in baselines.TABLE_METRICS:
         assert metric in out
 

@@ -1,6 +1,7 @@
 """Config loading: YAML + dotted overrides, unknown keys and bad values are one-line errors."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 import typing
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jaxdqn import config as C
-from jaxdqn.config.loading import DEFAULT_HEADER
+from jaxdqn.config.loading import DEFAULT_HEADER, REMOVED
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -129,8 +130,9 @@ def test_config_all_off_switches_every_component():
     for section, keys in C.SWITCHES.items():
         assert not any(getattr(getattr(cfg, section), k) for k in keys), section
         assert all(getattr(getattr(on, section), k) for k in keys), section  # default: all on
-    # The 17 component switches of the SPEC's M, L and A groups, none missing.
-    assert sum(len(keys) for keys in C.SWITCHES.values()) == 17
+    # The 18 component switches of the SPEC's M, L and A groups, none missing (L2's sampled
+    # target became a switch in issue 11).
+    assert sum(len(keys) for keys in C.SWITCHES.values()) == 18
     assert _bools(C.ModelConfig) == set(C.SWITCHES["model"])  # no model switch missing
     hints = typing.get_type_hints(C.Config)
     for section, keys in C.SWITCHES.items():
@@ -190,6 +192,40 @@ def test_config_old_keys_name_their_new_home_in_a_learner_section(tmp_path):
     msg = str(e.value)
     assert msg.startswith("learner.nope: unknown config key") and "loss" in msg
     assert "\n" not in msg
+
+
+def test_e2_config_removed_range_frac_says_what_replaced_it(tmp_path):
+    expected = (
+        "data.synthetic.range_frac was removed: the synthetic high/low now come from an "
+        "intrabar Brownian bridge (data.synthetic.intrabar_vol, intrabar_steps)"
+    )
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, ["data.synthetic.range_frac=0.5"])
+    assert str(e.value) == expected
+    saved = tmp_path / "old.yaml"
+    saved.write_text("data:\n  source: synthetic\n  synthetic:\n    range_frac: 0.5\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(saved)
+    assert str(e.value) == expected
+    keys = _dotted_keys(C.Config)
+    for old, why in REMOVED.items():
+        assert old not in keys and old not in C.MOVED
+        # every key the message names exists
+        for named in re.findall(r"[a-z_]+\.[a-z_.]+", why):
+            assert named in keys, named
+    # the replacements load, with their ranges
+    cfg = C.load(None, ["data.synthetic.intrabar_vol=2.0", "data.synthetic.intrabar_steps=10"])
+    assert (cfg.data.synthetic.intrabar_vol, cfg.data.synthetic.intrabar_steps) == (2.0, 10)
+    assert C.Config().data.synthetic.intrabar_steps == 78
+    with pytest.raises(C.ConfigError, match=r"data.synthetic.intrabar_steps: must be >= 2"):
+        C.load(None, ["data.synthetic.intrabar_steps=1"])
+
+
+def test_e1_config_limit_through_bps_default_and_range():
+    assert C.Config().env.limit_through_bps == 5.0
+    assert C.load(None, ["env.limit_through_bps=0"]).env.limit_through_bps == 0.0
+    with pytest.raises(C.ConfigError, match=r"env.limit_through_bps: must be >= 0"):
+        C.load(None, ["env.limit_through_bps=-1"])
 
 
 def test_config_old_keys_name_their_new_home_which_exists():
@@ -257,3 +293,41 @@ def test_config_cross_field_limits_are_inclusive():
     # Constructing the dataclasses directly runs the same checks.
     with pytest.raises(C.ConfigError, match="liquid_tau_min"):
         C.Config(dynamics=C.DynamicsConfig(liquid_tau_min=60.0))
+
+
+def test_reward_units_config_reward_scale_is_auto_or_a_positive_number(tmp_path):
+    """``loss.reward_scale``: ``auto`` (the default) or a positive finite number; any other
+    string or a non-positive number is a one-line ConfigError. Default γ for daily bars: 0.9."""
+    assert C.Config().loss.reward_scale == "auto"
+    assert C.Config().loss.gamma == 0.9
+    assert C.load(None, ["loss.reward_scale=auto"]).loss.reward_scale == "auto"
+    cfg = C.load(None, ["loss.reward_scale=100"])
+    assert cfg.loss.reward_scale == 100.0 and isinstance(cfg.loss.reward_scale, float)
+    assert C.load(None, ["loss.reward_scale=2.5e-3"]).loss.reward_scale == 2.5e-3
+    saved = tmp_path / "scale.yaml"
+    saved.write_text("loss:\n  reward_scale: 50\n")
+    assert C.load(saved).loss.reward_scale == 50.0
+    for bad, fragment in (
+        ("abc", "loss.reward_scale: 'auto' or a positive number, got 'abc'"),
+        ("AUTO", "loss.reward_scale: 'auto' or a positive number"),
+        ("true", "loss.reward_scale: 'auto' or a positive number"),
+        ("0", "loss.reward_scale: must be a positive number or auto, got 0.0"),
+        ("-1", "loss.reward_scale: must be a positive number or auto, got -1.0"),
+        (".inf", "loss.reward_scale: must be finite"),
+    ):
+        with pytest.raises(C.ConfigError) as e:
+            C.load(None, [f"loss.reward_scale={bad}"])
+        assert fragment in str(e.value) and "\n" not in str(e.value), bad
+    # Constructing the dataclasses directly runs the same check.
+    with pytest.raises(C.ConfigError, match=r"loss\.reward_scale"):
+        C.Config(loss=C.LossConfig(reward_scale=-2.0))
+    with pytest.raises(C.ConfigError, match=r"loss\.reward_scale"):
+        C.Config(loss=C.LossConfig(reward_scale="one"))
+
+
+def test_eval_config_policy_is_greedy_or_boltzmann():
+    assert C.Config().eval.policy == "greedy"
+    assert C.load(None, ["eval.policy=boltzmann"]).eval.policy == "boltzmann"
+    with pytest.raises(C.ConfigError) as e:
+        C.load(None, ["eval.policy=argmax"])
+    assert str(e.value).startswith("eval.policy: 'argmax' is not one of greedy, boltzmann")

@@ -416,6 +416,107 @@ def test_e2_synthetic_planted_signal_is_real(phi):
     assert _sharpe(df["oracle"].to_numpy()[1:-1] * intraday) > 1.0
 
 
+def test_e2_synthetic_closes_gaps_volume_oracle_unchanged_by_the_intrabar_path():
+    # Values of the generator before the intrabar path existed (seed 7): the bridge draws from
+    # its own stream, so every column but high/low is as it was, whatever the path settings.
+    for cfg in (
+        SyntheticConfig(num_bars=500, seed=7),
+        SyntheticConfig(num_bars=500, seed=7, intrabar_vol=3.0, intrabar_steps=5),
+    ):
+        df = data.synthetic(cfg)
+        pick = [0, 1, 2, 250, 499]
+        expected = {
+            "open": [99.92867149407803, 99.62413835966515, 100.0578664981304, 63.12834849904868,
+                     47.43600976428679],
+            "close": [100.0, 100.302621200803, 100.07337791130064, 60.92316180026373,
+                      47.08662909743608],
+            "volume": [896111.2215932091, 1107985.4875272098, 951607.5149953441,
+                       1529549.8176296377, 703756.0283543668],
+            "oracle": [0.0, 1.0, -1.0, -1.0, -1.0],
+        }  # fmt: skip
+        sums = {"open": 34781.28881168924, "close": 34730.42402539756, "oracle": -53.0}
+        for col, values in expected.items():
+            np.testing.assert_allclose(df[col].to_numpy()[pick], values, rtol=1e-13)
+        for col, total in sums.items():
+            assert df[col].sum() == pytest.approx(total, rel=1e-12)
+
+
+@pytest.mark.parametrize("steps, vol", [(2, 1.0), (78, 1.0), (78, 0.0), (400, 4.0)])
+def test_e2_synthetic_ohlc_consistent_on_many_bars(steps, vol):
+    cfg = SyntheticConfig(num_bars=20_000, seed=5, intrabar_steps=steps, intrabar_vol=vol)
+    df = data.synthetic(cfg)
+    o, h, lo, c = (df[k].to_numpy() for k in ("open", "high", "low", "close"))
+    assert (lo <= np.minimum(o, c)).all() and (np.maximum(o, c) <= h).all()
+    assert (lo > 0).all()
+    data.validate_ohlcv(df[list(COLUMNS)], "synthetic")
+    if vol == 0.0:  # no diffusion: the path is the straight line from open to close
+        np.testing.assert_allclose(h, np.maximum(o, c), rtol=1e-14)
+        np.testing.assert_allclose(lo, np.minimum(o, c), rtol=1e-14)
+    else:  # a bridge leaves the segment [open, close] on almost every bar
+        assert (h > np.maximum(o, c)).mean() > 0.5 and (lo < np.minimum(o, c)).mean() > 0.5
+
+
+def test_e2_synthetic_path_chunking_does_not_change_the_bars(monkeypatch):
+    cfg = SyntheticConfig(num_bars=1000, seed=2, intrabar_steps=50)
+    whole = data.synthetic(cfg)
+    monkeypatch.setattr(data, "_BRIDGE_CHUNK", 50 * 7)  # 7 bars per chunk, a ragged last one
+    pd.testing.assert_frame_equal(data.synthetic(cfg), whole)
+
+
+def test_e2_synthetic_high_low_from_intrabar_bridge_follow_the_bridge_extremum_law():
+    # For a Brownian bridge from a to b with variance s^2 over the bar,
+    # P(max - max(a, b) > m) = P(min(a, b) - min < m) = exp(-2 m (m + |b - a|) / s^2);
+    # a path of n steps misses the continuous maximum by about 0.5826 s / sqrt(n)
+    # (Broadie-Glasserman), so the law is compared at m + that shift.
+    cfg = SyntheticConfig(num_bars=20_000, seed=3, intrabar_steps=78, intrabar_vol=1.5)
+    df = data.synthetic(cfg)
+    o, h, lo, c = (np.log(df[k].to_numpy()) for k in ("open", "high", "low", "close"))
+    s = cfg.intrabar_vol * cfg.vol
+    shift = 0.5826 * s / math.sqrt(cfg.intrabar_steps)
+    span = np.abs(c - o)
+    up, down = h - np.maximum(o, c), np.minimum(o, c) - lo
+    for m in (0.25 * s, 0.5 * s, 1.0 * s):
+        law = np.exp(-2.0 * (m + shift) * (m + shift + span) / s**2).mean()
+        assert abs((up > m).mean() - law) < 0.015, m  # binomial sd < 0.004
+        assert abs((down > m).mean() - law) < 0.015, m
+    # The excursion shrinks as the bar's body grows (independent wicks would not care).
+    assert np.corrcoef(down, span)[0, 1] < -0.25
+    assert np.corrcoef(up, span)[0, 1] < -0.25
+
+
+def _old_independent_wick_low(df: pd.DataFrame, sd: float, seed: int = 0) -> np.ndarray:
+    """The first generator's low: min(open, close) e^{-|b|}, b ~ N(0, sd^2) independent."""
+    o, c = df["open"].to_numpy(), df["close"].to_numpy()
+    return np.minimum(o, c) * np.exp(-np.abs(np.random.default_rng(seed).normal(0.0, sd, o.size)))
+
+
+def test_e2_synthetic_buy_limit_fills_carry_adverse_selection():
+    # A buy limit at the previous close P (high urgency, through by b = 5 bps) on bars that open
+    # above P and close higher still: with the intrabar bridge the path reaches below P mostly
+    # when it ends lower, so fills go with worse closes; with the old independent wicks the
+    # fill did not depend on the close at all.
+    cfg = SyntheticConfig(num_bars=20_000, seed=8)
+    df = data.synthetic(cfg)
+    o, c = df["open"].to_numpy()[1:], df["close"].to_numpy()[1:]
+    limit = df["close"].to_numpy()[:-1] * (1 - 5e-4)
+    sel = (o > limit) & (c > o)
+    body = np.log(c / o)[sel]
+    new_fill = (df["low"].to_numpy()[1:] < limit)[sel]
+    old_fill = (_old_independent_wick_low(df, 0.5 * cfg.vol)[1:] < limit)[sel]
+    assert sel.sum() > 4000 and 0.2 < new_fill.mean() < 0.9
+    assert np.corrcoef(new_fill, body)[0, 1] < -0.15
+    assert np.corrcoef(old_fill, body)[0, 1] > -0.02  # the old generator fails this test
+    # Over all bars the filled buys' next-close return is lower than the unfilled ones'.
+    ret = np.log(c / limit)
+    fill_all = df["low"].to_numpy()[1:] < limit
+    assert ret[fill_all].mean() < ret[~fill_all].mean() - cfg.vol
+
+
+def test_e2_synthetic_start_date_overflow_is_one_clear_error():
+    with pytest.raises(DataError, match=r"run past .* earlier data.synthetic.start_date"):
+        data.synthetic(SyntheticConfig(num_bars=100_000))
+
+
 # ---------------------------------------------------------------------------------------------
 # Splits
 # ---------------------------------------------------------------------------------------------

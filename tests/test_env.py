@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from functools import partial
@@ -19,6 +20,9 @@ from jaxdqn.market import env as E
 
 HS, COMM = 5e-4, 2e-4  # half-spread and commission used by the hand-built tests
 SIGMA = 0.0625  # exact in binary: limit prices below are exact float32 numbers
+# Trade-through margin b of limit fills: 2^-10 (9.77 bps), so P·(1 − b) and P·(1 − b/2) of the
+# hand-built limit prices are exact float32 numbers too.
+LT = 2.0**-10
 T_DEC = 5  # decision bar of the hand-built tests; close[T_DEC] = 100
 LONG, SHORT, FLAT = 2, 0, 1
 MARKET, LIMIT, LTM = 0, 1, 2
@@ -32,6 +36,7 @@ PARAMS = E.EnvParams(
     half_spread=HS,
     commission=COMM,
     limit_offsets=(1.0, 0.5, 0.0),
+    limit_through=LT,
 )
 
 
@@ -175,6 +180,8 @@ def test_e1_limit_buy_low_equal_to_price_does_not_fill(urgency, limit):
 
 @pytest.mark.parametrize("urgency, limit", [(LOW, 93.75), (MID, 96.875), (HIGH, 100.0)])
 def test_e1_limit_buy_low_below_price_fills_at_the_limit(urgency, limit):
+    # 0.25 below P is more than b · P below it: traded through, fills at P
+    assert limit - 0.25 < limit * (1 - LT)
     market = hand_market(101.0, 102.0, limit - 0.25, 99.0)
     out = do_step(market, state_with(market=market), act(LONG, order=LIMIT, urgency=urgency))
     check_trade(
@@ -184,6 +191,62 @@ def test_e1_limit_buy_low_below_price_fills_at_the_limit(urgency, limit):
         price=limit,
         rate=COMM,
         close1=99.0,
+        filled=True,
+        expired=False,
+    )
+
+
+@pytest.mark.parametrize("urgency, limit", [(LOW, 93.75), (MID, 96.875), (HIGH, 100.0)])
+@pytest.mark.parametrize(
+    "low_over_p, filled",
+    [
+        (1.0 - LT / 2, False),  # through by half the margin: touched, not filled
+        (1.0 - LT, False),  # exactly the margin: the rule is strict
+        (1.0 - 2 * LT, True),  # through by twice the margin: fills at P
+    ],
+)
+def test_e1_limit_fills_only_when_traded_through_by_limit_through_bps(
+    urgency, limit, low_over_p, filled
+):
+    low1 = limit * low_over_p
+    assert float(np.float32(low1)) == low1  # the boundary is exact in float32
+    market = hand_market(101.0, 102.0, low1, 99.0)
+    out = do_step(market, state_with(market=market), act(LONG, order=LIMIT, urgency=urgency))
+    check_trade(
+        out,
+        shares0=0.0,
+        delta=0.01,
+        price=limit if filled else 0.0,
+        rate=COMM,
+        close1=99.0,
+        filled=filled,
+        expired=not filled,
+    )
+    # sells mirror it on the high (P = 100·(1 + k σ)); the gap-through rule needs no margin
+    sell_limit = 200.0 - limit
+    market = hand_market(99.0, sell_limit * (2.0 - low_over_p), 98.0, 101.0)
+    out = do_step(market, state_with(market=market), act(SHORT, order=LIMIT, urgency=urgency))
+    assert float(out[4]["filled"]) == float(filled)
+    if filled:
+        np.testing.assert_allclose(float(out[4]["fill_price"]), sell_limit, rtol=1e-6)
+
+
+@pytest.mark.parametrize("through", [0.0, 5e-4, 0.01])
+def test_e1_limit_gap_through_at_the_open_needs_no_margin(through):
+    # open exactly at P: E1's gap-through rule fills at the open whatever the trade-through
+    # margin (the low, equal to P here, would not fill)
+    params = dataclasses.replace(PARAMS, limit_through=through)
+    market = hand_market(96.875, 99.0, 96.875, 98.0)
+    out = do_step(
+        market, state_with(market=market), act(LONG, order=LIMIT, urgency=MID), params=params
+    )
+    check_trade(
+        out,
+        shares0=0.0,
+        delta=0.01,
+        price=96.875,
+        rate=COMM,
+        close1=98.0,
         filled=True,
         expired=False,
     )
@@ -212,6 +275,7 @@ def test_e1_unfilled_limit_leaves_the_position_and_sets_expired():
     [
         ((104.0, 105.0, 102.0, 103.0), 104.0, True),  # open ≥ P: gap through, fills at the open
         ((100.0, 103.125, 99.0, 101.0), 0.0, False),  # high == P: strict, no fill
+        ((100.0, 103.2, 99.0, 101.0), 0.0, False),  # above P by < b·P: not traded through
         ((100.0, 103.5, 99.0, 101.0), 103.125, True),  # high > P: fills at P
     ],
 )
@@ -445,12 +509,12 @@ def reference_step(p: E.EnvParams, m: E.MarketData, t, cash, shares, equity, act
             shares=shares, cash=cash, equity=equity + shares * (c1 - c0), filled=0, expired=0
         )
     buy = delta > 0
-    k = p.limit_offsets[u]
+    k, b = p.limit_offsets[u], p.limit_through
     limit = c0 * (1 - k * sig) if buy else c0 * (1 + k * sig)
     if buy:
-        lim_px = o1 if o1 <= limit else (limit if l1 < limit else None)
+        lim_px = o1 if o1 <= limit else (limit if l1 < limit * (1 - b) else None)
     else:
-        lim_px = o1 if o1 >= limit else (limit if h1 > limit else None)
+        lim_px = o1 if o1 >= limit else (limit if h1 > limit * (1 + b) else None)
     market_px = [c1, (h1 + l1 + c1) / 3, o1][u]
     expired = 0
     if order == 0:
@@ -725,4 +789,5 @@ def test_e1_params_from_config_converts_bps():
     assert p.half_spread == pytest.approx(cfg.env.half_spread_bps * 1e-4)
     assert p.commission == pytest.approx(cfg.env.commission_bps * 1e-4)
     assert p.limit_offsets == cfg.env.limit_offsets
+    assert p.limit_through == pytest.approx(cfg.env.limit_through_bps * 1e-4) == 5e-4
     hash(p)  # static: usable as a jit static argument

@@ -86,9 +86,28 @@ def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
     smoke["state"] = state
 
 
+def _agent_with(smoke, *overrides):
+    cfg = config.load(CONFIGS / "smoke.yaml", list(overrides))
+    return cfg, build_agent(cfg, market_setup.prepare(cfg))
+
+
+def test_l2_polyak_target_moves_by_tau_each_update(smoke):
+    _, agent = _agent_with(smoke, "loss.target_update=polyak", "loss.polyak_tau=0.25")
+    state = smoke["state"]
+    new, _ = jax.jit(agent.learner.update)(state)
+    for o, t, t0 in zip(
+        jax.tree.leaves(new.params),
+        jax.tree.leaves(new.target_params),
+        jax.tree.leaves(state.target_params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(t, 0.75 * t0 + 0.25 * o, rtol=1e-5, atol=1e-7)
+
+
 def test_l2_hard_target_copies_every_c_updates(smoke):
-    agent, state = smoke["agent"], smoke["state"]
-    period = smoke["cfg"].loss.target_period
+    cfg, agent = _agent_with(smoke, "loss.target_update=hard")
+    state = smoke["state"]
+    period = cfg.loss.target_period
     step = jax.jit(agent.learner.update)
     # advance to just after a copy
     while int(state.updates) % period != 0:

@@ -25,9 +25,9 @@ def _inputs(gap, std, norm, dtype=jnp.float32):
     )
 
 
-def _run(cfg, state, inputs, n):
+def _run(cfg, state, inputs, n, **kw):
     """n updates with constant inputs; returns the final state and the liquid_mod path."""
-    liquid = L.make_liquid(cfg)
+    liquid = L.make_liquid(cfg, **kw)
     return jax.jit(lambda s: jax.lax.scan(lambda s, _: liquid.step(s, inputs), s, None, length=n))(
         state
     )
@@ -77,7 +77,9 @@ def test_m14_rk4_chosen_when_context_norm_exceeds_threshold():
 
 def test_m14_spread_amplifier_target_and_clip():
     cfg = dataclasses.replace(CFG, liquid_max=4.0)
-    liquid = L.make_liquid(cfg)
+    assert cfg.liquid_gap_floor == 0.05
+    # reward unit 6: the floor is 0.05 · 6 = 0.3 in Q units
+    liquid = L.make_liquid(cfg, reward_unit=6.0)
     step = jax.jit(liquid.step)
     s0 = liquid.init_state()
     # target_gap = max(10 · 0.01, 0.3) = 0.3 (floor); gap 0.15 → amplifier 2.
@@ -92,8 +94,46 @@ def test_m14_spread_amplifier_target_and_clip():
     _, mod = step(state, _inputs(1e-6, 0.01, 0.0))
     np.testing.assert_allclose(mod, 4.0)
     # Compounding while the gap stays below target (a leaky integrator of the amplifier).
-    _, mods = _run(cfg, s0, _inputs(0.25, 0.01, 0.0), 20)
+    _, mods = _run(cfg, s0, _inputs(0.25, 0.01, 0.0), 20, reward_unit=6.0)
     assert np.all(np.diff(np.asarray(mods[:, 0])) > 0) and float(mods[-1, 0]) <= 4.0
+
+
+@pytest.mark.parametrize("unit", [1.0, 1e-3, 40.0])
+def test_m14_target_gap_floor_is_in_reward_units(unit):
+    """target_gap = max(mult · eval_q_std_ema, gap_floor · unit): the same amplifier for Q
+    expressed in any reward unit (gap and eval spread scale with it)."""
+    liquid = L.make_liquid(CFG, reward_unit=unit)
+    s0 = liquid.init_state()
+    # floor binding: target 0.05·unit, gap 0.02·unit → 2.5
+    _, mod = liquid.step(s0, _inputs(0.02 * unit, 0.001 * unit, 0.0))
+    np.testing.assert_allclose(mod, 2.5, rtol=1e-5)
+    # eval spread binding: target 10·0.03·unit, gap 0.2·unit → 1.5
+    _, mod = liquid.step(s0, _inputs(0.2 * unit, 0.03 * unit, 0.0))
+    np.testing.assert_allclose(mod, 1.5, rtol=1e-5)
+
+
+def test_m14_target_gap_is_capped_at_l3s_bound():
+    """target_gap = min(max(mult · eval_q_std_ema, floor), cap): L3 fades out at its max gap,
+    so M14 never asks for a larger spread (the seed's 10× amplifier chased a Q spread L3
+    itself inflated, liquid_mod pinned at its clip 4 in every run)."""
+    cap = 0.2
+    capped = L.make_liquid(CFG, gap_cap=cap)
+    free = L.make_liquid(CFG)
+    s0 = capped.init_state()
+    # 10 · 0.06 = 0.6 → capped to 0.2; gap 0.1 → 2 (uncapped: 6, clipped to liquid_max 4)
+    _, mod = capped.step(s0, _inputs(0.1, 0.06, 0.0))
+    np.testing.assert_allclose(mod, 2.0, rtol=1e-6)
+    _, mod = free.step(s0, _inputs(0.1, 0.06, 0.0))
+    np.testing.assert_allclose(mod, CFG.liquid_max)
+    # a gap already at the cap is not amplified, however large the validation spread
+    _, mod = capped.step(s0, _inputs(cap, 100.0, 0.0))
+    np.testing.assert_allclose(mod, 1.0, rtol=1e-6)
+    # the cap wins over the floor too (floor 0.05 · 10 = 0.5 > cap)
+    _, mod = L.make_liquid(CFG, reward_unit=10.0, gap_cap=cap).step(s0, _inputs(0.1, 0.0, 0.0))
+    np.testing.assert_allclose(mod, 2.0, rtol=1e-6)
+    # at a constant gap beyond the cap, mod decays below 1 (the amplifier is < 1)
+    _, mods = _run(CFG, s0, _inputs(2 * cap, 100.0, 0.0), 30, gap_cap=cap)
+    assert np.all(np.asarray(mods) < 1.0)
 
 
 def test_m14_tau_from_velocity_and_adaptive_alpha():
@@ -132,7 +172,7 @@ def test_m14_off_is_identity_and_config_checked():
 
 
 def test_m14_vmaps_over_a_seed_axis():
-    liquid = L.make_liquid(CFG)
+    liquid = L.make_liquid(CFG, reward_unit=6.0)  # floor 0.3
     states = jax.vmap(lambda _: liquid.init_state())(jnp.arange(3))
     inputs = L.LiquidInputs(
         q_gap=jnp.array([[0.1] * 4, [0.2] * 4, [0.3] * 4]),

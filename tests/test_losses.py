@@ -48,28 +48,109 @@ def test_l3_challenger_is_the_better_adjacent_action():
 
 
 def test_l3_surrogate_gradient_equals_hand_formula():
+    """∂S/∂logit_{b,a,i} = −s_b · g_b · c_{b,a} · p_{b,a,i} · (ẑ_i − E_p[ẑ]) on the standardised
+    atoms ẑ = linspace(−1, 1, N), with the gate g_b (one branch gated off, one at half)."""
     n = 7
     logits = jax.random.normal(jax.random.PRNGKey(5), (4, 3, n))
-    z = jnp.linspace(-1.0, 2.0, n)
+    z_hat = np.linspace(-1.0, 1.0, n)
     actions = jnp.array([2, 0, 1, 1])
     scale = jnp.array([1.0, 0.5, 0.25, 0.125]) * 0.3
-    g = jax.grad(L.spread_surrogate)(logits, actions, z, scale)
+    gate = jnp.array([1.0, 0.5, 0.0, 0.8])
+    g = jax.grad(L.spread_surrogate)(logits, actions, scale, gate)
     p = np.asarray(jax.nn.softmax(logits))
-    q = (p * np.asarray(z)).sum(-1)
-    coef = np.asarray(L.spread_coefficients(actions, jnp.asarray(q))) * np.asarray(scale)[:, None]
-    expected = -coef[..., None] * p * (np.asarray(z) - q[..., None])
+    q = (p * z_hat).sum(-1)
+    coef = np.asarray(L.spread_coefficients(actions, jnp.asarray(q)))
+    coef = coef * np.asarray(scale * gate)[:, None]
+    expected = -coef[..., None] * p * (z_hat - q[..., None])
     np.testing.assert_allclose(g, expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(g[2], 0.0)  # gate 0: no push at all
+    # the surrogate's value is −Σ coef · E_p[ẑ]
+    value = L.spread_surrogate(logits, actions, scale, gate)
+    np.testing.assert_allclose(value, -(coef * q).sum(), rtol=1e-5)
 
 
 def test_l3_descent_raises_taken_and_lowers_others():
     logits = jnp.zeros((4, 3, 9))
     z = jnp.linspace(-1.0, 1.0, 9)
     actions = jnp.array([0, 0, 0, 0])
-    g = jax.grad(L.spread_surrogate)(logits, actions, z, jnp.ones(4))
+    g = jax.grad(L.spread_surrogate)(logits, actions, jnp.ones(4), jnp.ones(4))
     new = logits - 1.0 * g
     q = (jax.nn.softmax(new) * z).sum(-1)
     assert bool(jnp.all(q[:, 0] > 0)) and bool(jnp.all(q[:, 1] > 0)) and bool(jnp.all(q[:, 2] < 0))
     assert bool(jnp.all(q[:, 0] > q[:, 1]))  # challenger pushed at half strength
+
+
+def test_l3_gate_fades_linearly_and_is_zero_at_the_bound():
+    # branch gaps 0, 0.05, 0.1, 0.2 at max_gap 0.1
+    q = jnp.array([[1.0, 1.0, 1.0], [0.0, 0.05, 0.02], [0.3, 0.2, 0.25], [-0.2, 0.0, -0.1]])
+    np.testing.assert_allclose(L.spread_gate(q, 0.1), [1.0, 0.5, 0.0, 0.0], atol=1e-6)
+    np.testing.assert_allclose(L.spread_gate(q * 10, 1.0), [1.0, 0.5, 0.0, 0.0], atol=1e-6)
+    # no gradient flows through the gate
+    grad = jax.grad(lambda x: L.spread_gate(x, 0.1).sum())(q)
+    np.testing.assert_array_equal(grad, 0.0)
+
+
+def _seed_surrogate(logits, actions, z, branch_scale):
+    """The seed system's L3: −Σ_b s_b Σ_a c_{b,a} E_p[z] with s = Δz/B × weight × mod."""
+    p = jax.nn.softmax(logits, axis=-1)
+    q = jnp.sum(p * z, axis=-1)
+    coef = jax.lax.stop_gradient(L.spread_coefficients(actions, q) * branch_scale[:, None])
+    return -jnp.sum(coef * q)
+
+
+def test_l3_bound_gradient_does_not_grow_with_the_support():
+    """Δz-invariance: the bounded surrogate works on ẑ, so its gradient is the same whatever
+    the support (it takes no z at all); the seed's form, with its Δz scale on z, grows as Δz²
+    (100× the width: 10⁴× the push)."""
+    n = 51
+    logits = jax.random.normal(jax.random.PRNGKey(6), (4, 3, n))
+    actions = jnp.array([1, 0, 2, 1])
+    ones = jnp.ones(4)
+    bounded = jax.grad(L.spread_surrogate)(logits, actions, ones, ones)
+    norms = []
+    for centre, half in ((0.0, 1.0), (3.0, 0.1), (-5.0, 10.0)):
+        z = jnp.linspace(centre - half, centre + half, n)
+        dz = 2 * half / (n - 1)
+        seed = jax.grad(_seed_surrogate)(logits, actions, z, ones * dz)
+        norms.append(float(jnp.linalg.norm(seed)))
+        if (centre, half) == (0.0, 1.0):  # on ẑ the two agree up to the seed's Δẑ factor
+            np.testing.assert_allclose(bounded, seed / dz, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(norms[2] / norms[1], (10.0 / 0.1) ** 2, rtol=1e-3)
+
+
+def _q_gap_under_spread_only(gated, steps=400, lr=2e-3, max_gap=1.0, half=10.0):
+    """Adam on the logits of one transition's [4, 3, N] distribution with ONLY the spread
+    surrogate, the gate recomputed each step from E[Q] on a support of half-width ``half``."""
+    n = 51
+    z = jnp.linspace(-half, half, n)
+    actions = jnp.array([0, 1, 2, 1])
+    logits = 0.01 * jax.random.normal(jax.random.PRNGKey(0), (4, 3, n))
+    opt = optax.adam(lr)
+
+    def step(carry, _):
+        lg, st = carry
+        q = (jax.nn.softmax(lg) * z).sum(-1)
+        gate = L.spread_gate(q, max_gap) if gated else jnp.ones(4)
+        g = jax.grad(L.spread_surrogate)(lg, actions, jnp.ones(4), gate)
+        upd, st = opt.update(g, st)
+        lg = optax.apply_updates(lg, upd)
+        q = (jax.nn.softmax(lg) * z).sum(-1)
+        return (lg, st), q.max(-1) - q.min(-1)
+
+    run = jax.jit(lambda c: jax.lax.scan(step, c, None, length=steps))
+    _, gaps = run((logits, opt.init(logits)))
+    return np.asarray(gaps)  # [steps, 4]
+
+
+def test_l3_bound_training_on_the_spread_alone_stops_at_max_gap():
+    """The seed's runaway reproduced and bounded: L3 alone on a 20-wide support. Ungated, the
+    Q-gap runs toward the support's width (seed: 18.9); gated, it stops at max_gap = 1."""
+    gated = _q_gap_under_spread_only(True)
+    assert gated.max() <= 1.05  # never beyond the bound (Adam's momentum: +1.5 % here)
+    assert gated[-1].min() >= 0.95  # and it does keep the actions apart up to it
+    runaway = _q_gap_under_spread_only(False)
+    assert runaway[-1].min() > 5.0
+    assert np.all(np.diff(runaway.min(1)) > 0)  # still growing
 
 
 def test_l4_entropy_ramp():
@@ -99,6 +180,7 @@ def test_l6_selectivity_target_and_bce():
 # ---------------------------------------------------------------------------------------------
 
 _OBS_DIM, _B, _N = 6, 5, 11
+_UNIT = 0.05  # reward unit of the composed-loss test (spread_max_gap × it = 0.005)
 _MODEL_CFG = ModelConfig(
     bottleneck_dim=0, sh1=8, sh2=8, ah=4, vsn_hidden=4, num_atoms=_N, denoise_hidden=4,
     xlstm_hidden=4,
@@ -112,7 +194,12 @@ def _loss_inputs(model):
     actions = jax.random.randint(keys[2], (_B, 4), 0, 3)
     weights = jax.random.uniform(keys[3], (_B,), minval=0.5, maxval=1.0)
     probs = jax.nn.softmax(jax.random.normal(keys[4], (_B, 4, _N)))
-    target = Target(probs=probs, td=jax.random.normal(keys[5], (_B, 4)), next_actions=actions)
+    target = Target(
+        probs=probs,
+        td=jax.random.normal(keys[5], (_B, 4)),
+        next_actions=actions,
+        end_mass=jnp.float32(0.0),
+    )
     q_target_s = jnp.ones((_B, 4, 3))
     v_min, dz = jnp.float32(-1.0), jnp.float32(0.2)
     liquid_mod = jnp.array([1.0, 2.0, 0.5, 1.0])
@@ -124,7 +211,7 @@ def _loss_inputs(model):
 
 def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
-    loss = L.make_loss(LossConfig(), _MODEL_CFG, model)
+    loss = L.make_loss(LossConfig(), _MODEL_CFG, model, reward_unit=_UNIT)
     assert loss.needs_target_q_s  # aux training with the denoiser regresses on Q_target(s)
     args = _loss_inputs(model)
     params, obs, actions, weights, target, _, v_min, dz, coef, liquid_mod = args[:10]
@@ -134,10 +221,17 @@ def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     ce = jax.vmap(L.c51_cross_entropy)(out.logits, actions, target.probs).sum(-1)
     np.testing.assert_allclose(parts.c51, np.mean(np.asarray(weights * ce)), rtol=1e-5)
     np.testing.assert_allclose(parts.per_sample, ce, rtol=1e-5)
-    # L3: branch scale = weight × liquid_mod × Δz / B
-    z = v_min + dz * jnp.arange(_N)
-    scale = jnp.asarray(LossConfig().spread_branch_scale) * liquid_mod * dz / _B
-    spread = sum(L.spread_surrogate(out.logits[i], actions[i], z, scale) for i in range(_B))
+    # L3: branch scale = spread_weight × branch weight × liquid_mod / B; per sample the gate
+    # clip(1 − gap/max_gap, 0, 1) of its E[Q], max_gap = spread_max_gap × reward unit
+    lc = LossConfig()
+    scale = lc.spread_weight * np.asarray(lc.spread_branch_scale) * np.asarray(liquid_mod) / _B
+    q = np.asarray(out.q_mean)
+    gate = np.clip(1.0 - (q.max(-1) - q.min(-1)) / (lc.spread_max_gap * _UNIT), 0.0, 1.0)
+    assert np.any((gate > 0) & (gate < 1))  # the gate is active on this batch
+    spread = sum(
+        L.spread_surrogate(out.logits[i], actions[i], jnp.asarray(scale), jnp.asarray(gate[i]))
+        for i in range(_B)
+    )
     np.testing.assert_allclose(parts.spread, spread, rtol=1e-5, atol=1e-7)
     # L4: −coef × mean entropy
     np.testing.assert_allclose(parts.entropy, -coef * jnp.mean(L.entropy(out.logits)), rtol=1e-5)
@@ -162,3 +256,41 @@ def test_l1_make_loss_with_every_extra_off_is_the_c51_loss():
     # the xLSTM state passes through untouched when L6 is off
     for a, b in zip(jax.tree.leaves(parts.xlstm_state), jax.tree.leaves(args[10]), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale():
+    """Through make_loss: scaling the (zero-centred) support and the reward unit by c leaves the
+    logits (M5 conditions on Q/Δz), the gate (gap / max_gap) and so the spread gradient
+    unchanged; the seed's Δz/B scale made it c² larger."""
+    model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
+    args = list(_loss_inputs(model))
+    grads = []
+    for c in (1.0, 8.0, 0.03125):
+        loss = L.make_loss(LossConfig(), _MODEL_CFG, model, reward_unit=_UNIT * c)
+        args[6], args[7] = jnp.float32(-1.0 * c), jnp.float32(0.2 * c)
+        rest = tuple(args[1:])
+        grads.append(
+            jax.grad(lambda p, rest=rest, loss=loss: loss.loss(p, *rest)[1].spread)(args[0])
+        )
+    g_main = [jax.tree.leaves(g["main"]) for g in grads]
+    assert max(float(jnp.abs(x).max()) for x in g_main[0]) > 0  # the push is not gated off
+    for other in g_main[1:]:
+        for a, b in zip(g_main[0], other, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-9)
+
+
+def test_l3_bound_zero_gradient_once_every_gap_reaches_max_gap():
+    model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
+    args = _loss_inputs(model)
+    out = model.apply(args[0], args[1], args[6], args[7])
+    gaps = np.asarray(out.q_mean.max(-1) - out.q_mean.min(-1))
+    assert gaps.min() > 1e-5
+    for max_gap, zero in ((1e-6, True), (float(gaps.max()) * 2, False)):
+        loss = L.make_loss(LossConfig(spread_max_gap=max_gap), _MODEL_CFG, model)
+        spread = lambda p, loss=loss: loss.loss(p, *args[1:])[1].spread
+        value, grad = jax.value_and_grad(spread)(args[0])
+        largest = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(grad))
+        if zero:
+            assert float(value) == 0.0 and largest == 0.0
+        else:
+            assert largest > 0.0

@@ -2,7 +2,8 @@
 
 The reference runs in ``bench/reference/`` were recorded before the structure change; their
 ``metrics.jsonl`` still carries the device metric ``learning_rate``, which was removed since
-(the host ``lr`` is the learning rate).
+(the host ``lr`` is the learning rate), and lacks the names added by issue 11: the host
+``kappa`` (A1's scheduled temperature factor) and the agent's ``end_atom_mass`` (L7 coverage).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from jaxdqn.program import metric_names
 
 REFERENCE = Path(__file__).resolve().parent.parent / "bench" / "reference"
 REMOVED = {"learning_rate"}
+ADDED = {"kappa": metric_names.HOST, "end_atom_mass": metric_names.AGENT}
 
 
 def _logged_keys(run: str) -> set[str]:
@@ -25,7 +27,15 @@ def _logged_keys(run: str) -> set[str]:
     assert records
     keys = {k for r in records for k in r}
     assert all(set(r) == keys for r in records)  # every epoch logs the same names
-    return keys - REMOVED
+    assert not keys & set(ADDED)  # recorded before the additions
+    return (keys - REMOVED) | set(ADDED)
+
+
+def test_e3_metric_names_additions_are_registered_and_documented():
+    for name, group in ADDED.items():
+        assert name in group and name in metric_names.METRICS
+        assert metric_names.METRICS[name]
+    assert "A1" in metric_names.HOST["kappa"] and "L7" in metric_names.AGENT["end_atom_mass"]
 
 
 def test_e3_metric_names_equal_the_single_seed_record():

@@ -146,3 +146,36 @@ def test_e3_metrics_nan_bars_are_missing_as_in_empyrical():
     ours = metrics.performance(r)
     for k, v in _empyrical(r).items():
         np.testing.assert_allclose(ours[k], v, rtol=1e-6, err_msg=k)
+
+
+def test_o5_sharpe_se_formula():
+    """SE of an annualised Sharpe from n i.i.d. returns (Lo 2002): with s = sharpe/sqrt(ppy),
+    SE = sqrt((1 + s²/2)/n) · sqrt(ppy)."""
+    assert metrics.sharpe_se(0.0, 600, 252) == pytest.approx(math.sqrt(252 / 600))  # ≈ 0.648
+    assert metrics.sharpe_se(0.0, 6000, 252) == pytest.approx(math.sqrt(252 / 6000))  # ≈ 0.205
+    s = 2.0 / math.sqrt(252)
+    want = math.sqrt((1 + s * s / 2) / 1000) * math.sqrt(252)
+    assert metrics.sharpe_se(2.0, 1000, 252) == pytest.approx(want, rel=1e-12)
+    assert metrics.sharpe_se(-2.0, 1000, 252) == metrics.sharpe_se(2.0, 1000, 252)
+    assert metrics.sharpe_se(1.0, 50, 1) == pytest.approx(math.sqrt(1.5 / 50))
+    # a non-finite Sharpe counts as 0; fewer than two returns: no information
+    assert metrics.sharpe_se(math.nan, 600, 252) == metrics.sharpe_se(0.0, 600, 252)
+    assert metrics.sharpe_se(0.5, 1, 252) == math.inf
+
+
+@pytest.mark.parametrize(
+    ("sharpe", "n", "ppy"),
+    [(1.5, 600, 252), (0.0, 250, 252), (1.0, 200, 1)],  # the last: s = 1 per period
+)
+def test_o5_sharpe_se_matches_monte_carlo(sharpe, n, ppy):
+    """The spread of Sharpe estimates over many i.i.d. normal return series with a known
+    Sharpe is sharpe_se within 10 % (Sharpe as in performance: mean/std(ddof=1)·sqrt(ppy))."""
+    rng = np.random.default_rng(7)
+    reps, sigma = 20000, 0.01
+    mu = sharpe / math.sqrt(ppy) * sigma
+    r = rng.normal(mu, sigma, size=(reps, n))
+    est = r.mean(1) / r.std(1, ddof=1) * math.sqrt(ppy)
+    np.testing.assert_allclose(est.mean(), sharpe, atol=0.05 * max(1.0, sharpe))
+    one = metrics.performance(r[0], ppy)["sharpe"]
+    np.testing.assert_allclose(one, est[0], rtol=1e-9)  # the estimator is performance's
+    assert est.std() == pytest.approx(metrics.sharpe_se(sharpe, n, ppy), rel=0.1)

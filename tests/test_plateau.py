@@ -1,4 +1,8 @@
-"""O5 plateau detection and the O4/O6 decisions on scripted metric sequences."""
+"""O5 plateau detection and the O4/O6 decisions on scripted metric sequences.
+
+Both detectors are relative (issue 11): a branch is frozen when its Q-gap moved by less than
+``plateau_velocity_eps`` × its previous gap, and the Sharpe detector fires when the val Sharpe
+moved by less than ``plateau_sharpe_eps`` standard errors of it."""
 
 from __future__ import annotations
 
@@ -8,31 +12,34 @@ import math
 import pytest
 
 from jaxdqn.config import TrainConfig
+from jaxdqn.evaluation.metrics import sharpe_se
 from jaxdqn.program.plateau import PlateauState, after_rewind, observe
 from jaxdqn.program.run_state import RunState
 
 # Binary-exact numbers throughout, so every velocity and Sharpe delta below is exact.
+# With a Sharpe standard error of 1 the Sharpe threshold is plateau_sharpe_eps itself.
 CFG = TrainConfig(plateau_threshold=2, plateau_velocity_eps=0.25, plateau_sharpe_eps=0.125)
 FLAT = (1.0, 2.0, 3.0, 4.0)
 
 
-def run(seq, cfg=CFG, state=None):
+def run(seq, cfg=CFG, state=None, se=1.0):
     """Feed ``[(sharpe, q_gap), ...]``; return the final state and every report."""
     state = state or PlateauState()
     reports = []
     for sharpe, gap in seq:
-        state, rep = observe(state, sharpe, gap, cfg)
+        state, rep = observe(state, sharpe, gap, cfg, sharpe_se=se)
         reports.append(rep)
     return state, reports
 
 
 def moving(e: int) -> tuple[float, ...]:
-    """Q-gaps that move by 1.0 per epoch in every branch (never frozen at eps 0.25)."""
-    return tuple(g + e for g in FLAT)
+    """Q-gaps that double every epoch in every branch (velocity = the previous gap: never
+    frozen at eps 0.25)."""
+    return tuple(g * 2**e for g in FLAT)
 
 
 def test_o5_first_epoch_runs_no_detector():
-    state, rep = observe(PlateauState(), 0.5, FLAT, CFG)
+    state, rep = observe(PlateauState(), 0.5, FLAT, CFG, sharpe_se=1.0)
     assert rep.fired == "none"
     assert rep.plateau_epochs == 0 and rep.action == "none"
     assert rep.frozen == (False,) * 4
@@ -51,11 +58,11 @@ def test_o5_q_gap_detector_alone():
 
 
 def test_o5_sharpe_detector_alone():
-    # Sharpe changes by 0.0625 (< 0.125); every gap moves by 1.0.
+    # Sharpe changes by 0.0625 (< 0.125); every gap doubles.
     _, reps = run([(0.5 + 0.0625 * e, moving(e)) for e in range(3)])
     assert [r.fired for r in reps] == ["none", "sharpe", "sharpe"]
     assert [r.plateau_epochs for r in reps] == [0, 1, 2]
-    assert reps[2].velocity == (1.0, 1.0, 1.0, 1.0)
+    assert reps[2].velocity == (2.0, 4.0, 6.0, 8.0)
     assert reps[2].frozen == (False,) * 4
     assert reps[2].sharpe_delta == 0.0625
 
@@ -81,24 +88,55 @@ def test_o5_counter_resets_when_neither_fires():
 
 
 def test_o5_per_branch_frozen_flags():
-    # Velocities (0, -0.125, 0.5, -1.0) at eps 0.25: the first two branches are frozen, the
-    # others are not, so the Q-gap detector (all branches) does not fire.
-    cur = (1.0, 1.875, 3.5, 3.0)
+    # Velocities (0, -0.125, 1.0, -1.0) against 0.25 × the previous gaps (0.25, 0.5, 0.75, 1):
+    # the first two branches are frozen, the others are not (the last exactly at its
+    # threshold), so the Q-gap detector (all branches) does not fire.
+    cur = (1.0, 1.875, 4.0, 3.0)
     _, reps = run([(0.0, FLAT), (5.0, cur)])
-    assert reps[1].velocity == (0.0, -0.125, 0.5, -1.0)
+    assert reps[1].velocity == (0.0, -0.125, 1.0, -1.0)
     assert reps[1].frozen == (True, True, False, False)
     assert reps[1].fired == "none" and reps[1].plateau_epochs == 0
 
 
 def test_o5_thresholds_are_strict():
-    # |velocity| == eps and |Δ Sharpe| == eps do not count as zero.
-    cur = tuple(g + 0.25 for g in FLAT)
+    # |velocity| == eps · |previous gap| and |Δ Sharpe| == eps · SE do not count as zero.
+    cur = tuple(g * 1.25 for g in FLAT)
     _, reps = run([(0.0, FLAT), (0.125, cur)])
     assert reps[1].frozen == (False,) * 4
     assert reps[1].fired == "none"
     off = TrainConfig(plateau_threshold=2, plateau_velocity_eps=0.0, plateau_sharpe_eps=0.0)
     _, reps = run([(0.5, FLAT), (0.5, FLAT)], cfg=off)
     assert reps[1].fired == "none"
+
+
+def test_o5_velocity_threshold_is_relative_to_the_previous_gap():
+    """Q is in reward-scale units: the same relative movement gives the same flags whatever the
+    scale of the gaps (2⁻²⁰ … 2²⁰, exact in binary)."""
+    cur = (1.0, 1.875, 4.0, 3.0)  # relative velocities 0, 1/16, 1/3, 1/4 at eps 1/4
+    for scale in (2.0**-20, 1.0, 2.0**20):
+        _, reps = run([(0.0, tuple(g * scale for g in FLAT)), (5.0, tuple(g * scale for g in cur))])
+        assert reps[1].frozen == (True, True, False, False), scale
+    # the same absolute velocity 0.5: frozen on a gap of 4, not on a gap of 1
+    _, reps = run([(0.0, (4.0, 1.0, 4.0, 1.0)), (5.0, (4.5, 1.5, 3.5, 0.5))])
+    assert reps[1].frozen == (True, False, True, False)
+    # a collapsed gap (0): only a velocity below eps · 1e-12 counts as frozen
+    _, reps = run([(0.0, (0.0,) * 4), (5.0, (0.0, 1e-13, 1e-11, -1e-13))])
+    assert reps[1].frozen == (True, True, False, True)
+
+
+def test_o5_sharpe_threshold_is_in_standard_errors():
+    # Δ Sharpe 0.1875: not a plateau at SE 1 (threshold 0.125), a plateau at SE 2 (0.25)
+    seq = [(0.5, moving(0)), (0.6875, moving(1))]
+    assert run(seq, se=1.0)[1][1].fired == "none"
+    assert run(seq, se=2.0)[1][1].fired == "sharpe"
+    # The default: fires below 0.1 SE; on 600 daily val bars SE ≈ 0.65, so Δ 0.05 is noise
+    # (a fixed 0.01 could never tell a plateau from noise), and Δ 0.1 is not.
+    cfg = TrainConfig()
+    assert cfg.plateau_sharpe_eps == 0.1
+    se = sharpe_se(0.5, 600, 252)
+    assert 0.6 < se < 0.7
+    assert run([(0.5, moving(0)), (0.55, moving(1))], cfg=cfg, se=se)[1][1].fired == "sharpe"
+    assert run([(0.5, moving(0)), (0.6, moving(1))], cfg=cfg, se=se)[1][1].fired == "none"
 
 
 def test_o5_nan_sharpe_handling():
@@ -181,7 +219,8 @@ def test_o5_state_survives_json():
     assert back.prev_q_gap == state.prev_q_gap and back.plateau_epochs == 1
     assert math.isnan(back.prev_sharpe)
     # Same next decision from the restored state as from the original.
-    a, b = observe(back, math.nan, FLAT, CFG)[1], observe(state, math.nan, FLAT, CFG)[1]
+    a = observe(back, math.nan, FLAT, CFG, sharpe_se=1.0)[1]
+    b = observe(state, math.nan, FLAT, CFG, sharpe_se=1.0)[1]
     assert (a.fired, a.plateau_epochs, a.action) == (b.fired, b.plateau_epochs, "reset_branches")
     json.dumps(rep[-1].to_dict())
     assert PlateauState.from_dict(PlateauState().to_dict()) == PlateauState()
@@ -189,7 +228,7 @@ def test_o5_state_survives_json():
 
 def test_o5_rejects_wrong_number_of_branches():
     with pytest.raises(ValueError, match="q_gap"):
-        observe(PlateauState(), 0.0, (1.0, 2.0, 3.0), CFG)
+        observe(PlateauState(), 0.0, (1.0, 2.0, 3.0), CFG, sharpe_se=1.0)
 
 
 def test_o6_run_state_holds_the_plateau_state_and_each_counter_once():

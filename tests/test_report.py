@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from jaxdqn import config
+from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.evaluation.walk import LOG_COLUMNS
 from jaxdqn.program.logger import RunLogger
 from jaxdqn.program.plots import Markers, drawdown
@@ -186,6 +187,40 @@ def test_e3_report_single_seed(tmp_path):
     assert "| flat | nan | nan | -0.100 |" in text
     assert "| buy_and_hold | 0.900 |" in text
     assert "6 epochs logged (epochs 1–6); 1 SGDR restarts, 1 branch resets, 1 rewinds." in text
+
+
+def test_e3_report_lists_the_oracle_per_order_type_with_its_execution_chosen_on_val(tmp_path):
+    run = tmp_path / "run"
+    _make_run(run, seeds=1)
+    summary = read_summary(run)
+    executions = list(ORACLE_EXECUTIONS)
+    for i, name in enumerate(executions):  # val Sharpe 0.1 .. 0.9 in table order
+        summary["baselines"][name] = {"val": _metrics(0.1 * (i + 1)), "test": _metrics(2.0 - i)}
+    best = executions[-1]  # oracle_limit_then_market_high: best on val, worst on test
+    summary["baselines"]["oracle"] = {**summary["baselines"][best], "execution": best}
+    write_summary(run, summary)
+    text = write_report(run).read_text()
+    # the main tables name the oracle with its execution and leave the execution rows out
+    label = "| oracle (best execution on val: limit-then-market, high urgency) | 0.900 |"
+    assert label in text
+    assert "| oracle (best execution on val: limit-then-market, high urgency) | -6.000 |" in text
+    assert "| oracle_market_low |" not in text
+    # the small table: one row per order type, urgency columns, "val / test", chosen in bold
+    assert "### Oracle by execution (Sharpe, val / test)" in text
+    assert "| order \\ urgency | low | mid | high |" in text
+    assert "| market | 0.100 / 2.000 | 0.200 / 1.000 | 0.300 / 0.000 |" in text
+    assert "| limit | 0.400 / -1.000 | 0.500 / -2.000 | 0.600 / -3.000 |" in text
+    assert "| limit-then-market | 0.700 / -4.000 | 0.800 / -5.000 | **0.900 / -6.000** |" in text
+    # without execution rows (real data) there is no such table
+    assert "Oracle by execution" not in _plain(tmp_path)
+    with pytest.raises(ValueError, match=r"baselines\.oracle\.execution"):
+        write_summary(run, {**summary, "baselines": {"oracle": {"execution": 3}}})
+
+
+def _plain(tmp_path: Path) -> str:
+    run = tmp_path / "plain"
+    _make_run(run, seeds=1)
+    return write_report(run).read_text()
 
 
 def test_e3_report_three_seeds(tmp_path):

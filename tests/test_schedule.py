@@ -1,5 +1,5 @@
-"""The per-epoch schedule (O2 SGDR learning rate, O3 restart, A2 readiness ramp) and writing it
-into a seed-stacked train state without recompiling the iteration."""
+"""The per-epoch schedule (O2 SGDR learning rate, O3 restart, A2 readiness ramp, A1 κ) and
+writing it into a seed-stacked train state without recompiling the iteration."""
 
 from __future__ import annotations
 
@@ -20,7 +20,14 @@ from jaxdqn.program.schedule import EpochSchedule, apply_schedule, schedule
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
 OPT = OptimConfig(lr=1e-3, sgdr_period=4, sgdr_floor=0.2, restart_moment_scale=0.5)
-ACT = ActingConfig(iqn_readiness=0.5, iqn_readiness_epochs=4)
+ACT = ActingConfig(
+    iqn_readiness=0.5,
+    iqn_readiness_end=1.0,
+    iqn_readiness_epochs=4,
+    kappa_start=1.0,
+    kappa_end=0.25,
+    kappa_epochs=4,
+)
 # One cycle of T = 4 epochs by hand: base · (f + (1 − f) · ½(1 + cos(π c / 4))), f = 0.2.
 CYCLE = [
     1e-3,
@@ -49,13 +56,42 @@ def test_o3_restart_exactly_at_cycle_boundaries_and_first_iteration():
     assert [e for e in range(5, 14) if schedule(e, 5, 0, OPT, ACT).restart] == [9, 13]
 
 
-def test_a2_readiness_ramps_linearly_to_one_by_run_epoch():
+def test_a2_readiness_ramps_linearly_to_its_end_by_run_epoch():
+    # r = r0 + (r1 − r0) · min(1, e/N) with r0 = 0.5, r1 = 1 (the seed's end), N = 4
     ready = [schedule(e, 0, 0, OPT, ACT).readiness for e in range(7)]
     assert ready == [0.5, 0.625, 0.75, 0.875, 1.0, 1.0, 1.0]
     # The ramp follows the run's epoch, not the SGDR cycle (a rewind does not restart it).
     assert schedule(2, 2, 0, OPT, ACT).readiness == 0.75
-    start = ActingConfig(iqn_readiness=1.0, iqn_readiness_epochs=4)
+    start = ActingConfig(iqn_readiness=1.0, iqn_readiness_end=1.0, iqn_readiness_epochs=4)
     assert schedule(0, 0, 0, OPT, start).readiness == 1.0
+    # The default ends at the Q10/Q90 midpoint 0.5 (from 0 over 20 epochs), then stays.
+    default = ActingConfig()
+    assert (default.iqn_readiness, default.iqn_readiness_end) == (0.0, 0.5)
+    assert [schedule(e, 0, 0, OPT, default).readiness for e in (0, 10, 20, 40)] == [
+        0.0,
+        0.25,
+        0.5,
+        0.5,
+    ]
+
+
+def test_a1_kappa_moves_linearly_from_start_to_end_by_run_epoch():
+    # κ = 0.25 + 0.75 · max(0, 1 − e/4)
+    kappas = [schedule(e, 0, 0, OPT, ACT).kappa for e in range(7)]
+    assert kappas == [1.0, 0.8125, 0.625, 0.4375, 0.25, 0.25, 0.25]
+    # by the run's epoch, not the SGDR cycle's (a rewind does not restart it), nor the iteration
+    assert schedule(2, 2, 0, OPT, ACT).kappa == 0.625
+    assert schedule(2, 0, 3, OPT, ACT).kappa == 0.625
+    # the defaults: the seed's κ = 1 at epoch 0, 0.25 from epoch 20 on
+    default = ActingConfig()
+    assert (default.kappa_start, default.kappa_end, default.kappa_epochs) == (1.0, 0.25, 20)
+    assert schedule(0, 0, 0, OPT, default).kappa == 1.0
+    assert schedule(10, 0, 0, OPT, default).kappa == pytest.approx(0.625)
+    assert schedule(20, 0, 0, OPT, default).kappa == 0.25
+    assert schedule(100, 0, 0, OPT, default).kappa == 0.25
+    # a constant κ (the seed system: start = end = 1)
+    const = ActingConfig(kappa_start=1.0, kappa_end=1.0)
+    assert {schedule(e, 0, 0, OPT, const).kappa for e in range(30)} == {1.0}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +130,7 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     bumped = state.replace(
         opt_state=jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
     )
-    sched = EpochSchedule(lr=3e-4, restart=True, readiness=0.625)
+    sched = EpochSchedule(lr=3e-4, restart=True, readiness=0.625, kappa=0.4375)
     out = apply_schedule(bumped, sched, agent.dynamics, 0.5, [0.25, 0.75])
     assert _avals(out) == _avals(state)
     lr = np.asarray(jax.vmap(optim.get_learning_rate)(out.opt_state))
@@ -105,9 +141,10 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
         for a, b in zip(jax.tree.leaves(before.nu), jax.tree.leaves(after.nu), strict=True):
             np.testing.assert_array_equal(np.asarray(a) * np.float32(0.5), b)
     np.testing.assert_array_equal(out.dynamics.iqn_readiness, np.float32([0.625, 0.625]))
+    np.testing.assert_array_equal(out.dynamics.kappa, np.float32([0.4375, 0.4375]))
     np.testing.assert_array_equal(out.dynamics.eval_q_std_ema, np.float32([0.25, 0.75]))
     # No restart: moments untouched; no EMA yet (before the first validation): zeros.
-    calm = apply_schedule(bumped, EpochSchedule(1e-3, False, 0.5), agent.dynamics, 0.5, None)
+    calm = apply_schedule(bumped, EpochSchedule(1e-3, False, 0.5, 1.0), agent.dynamics, 0.5, None)
     for a, b in zip(
         jax.tree.leaves(_main_adam(bumped.opt_state)),
         jax.tree.leaves(_main_adam(calm.opt_state)),
@@ -115,6 +152,28 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     ):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(calm.dynamics.eval_q_std_ema, np.zeros(2, np.float32))
+    np.testing.assert_array_equal(calm.dynamics.kappa, np.ones(2, np.float32))
+
+
+def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke):
+    """The iteration's acting samples at the κ the host wrote: same κ, same actions (same
+    keys); a near-zero κ (almost greedy) changes them."""
+    agent, p, state = smoke
+    state = jax.tree.map(lambda x: x.copy(), state)  # the fixture's state is not donated
+    assert np.all(np.asarray(state.dynamics.kappa) == agent.acting.kappa_start)
+    actions = jax.jit(
+        jax.vmap(lambda s, m: iteration.act(agent, s, m)[1].actions, in_axes=(0, None))
+    )
+
+    def acted(kappa):
+        sched = EpochSchedule(lr=1e-3, restart=False, readiness=0.5, kappa=kappa)
+        return np.asarray(
+            actions(apply_schedule(state, sched, agent.dynamics, 0.5, None), p.market)
+        )
+
+    one = acted(1.0)
+    np.testing.assert_array_equal(acted(1.0), one)
+    assert not np.array_equal(acted(1e-3), one)
 
 
 def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):

@@ -13,12 +13,13 @@ import dataclasses
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, replay
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_BRANCHES
-from jaxdqn.config import Config, ReplayConfig
+from jaxdqn.config import Config, ConfigError, ReplayConfig
 from jaxdqn.market import env as env_lib
 from jaxdqn.market.market import Prepared
 from jaxdqn.model import network
@@ -41,7 +42,10 @@ class Agent:
       optimizer: the O1 optax transformation.
       dynamics: the training-statistics functions (L7, EMAs, M13/M14 state).
       learner: one learner update (L1–L8).
-      reward_scale: learning rewards = reward_scale × log equity return.
+      reward_scale: learning rewards = reward_scale × log equity return
+        (:func:`reward_units`).
+      reward_unit: the Q value of one std of the train split's daily log return (1 with
+        ``reward_scale: auto``); every threshold in reward units is multiplied by it.
       selectivity: whether M12 scales insertion priorities.
       learning_starts: replay size before the first update.
       updates: ``U`` learner updates per iteration.
@@ -59,6 +63,7 @@ class Agent:
     dynamics: dynamics.Dynamics
     learner: learner.Learner
     reward_scale: float
+    reward_unit: float
     selectivity: bool
     learning_starts: int
     updates: int
@@ -78,9 +83,33 @@ def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
     return replay.make_prioritised_replay(cfg.capacity, item, alpha=alpha)
 
 
+def reward_units(reward_scale: float | str, close: np.ndarray) -> tuple[float, float]:
+    """``(reward_scale, reward_unit)`` for ``loss.reward_scale`` and the train split's closes.
+
+    σ = std(ddof=1) of the daily log returns log(close[t+1]/close[t]) of the train split.
+    ``auto``: reward_scale = 1/σ, so Q is in units of one day's return std and the reward unit
+    is 1; a number c: reward_scale = c and the reward unit c·σ.
+
+    Raises:
+      ConfigError: σ is 0 or not finite (a constant price series).
+    """
+    r = np.diff(np.log(np.asarray(close, dtype=np.float64)))
+    sigma = float(np.std(r, ddof=1)) if r.size > 1 else float("nan")
+    if not (np.isfinite(sigma) and sigma > 0):
+        raise ConfigError(
+            "loss.reward_scale: the train split's daily log returns have no variance "
+            f"(std {sigma}); auto cannot scale them"
+        )
+    if reward_scale == "auto":
+        return 1.0 / sigma, 1.0
+    return float(reward_scale), float(reward_scale) * sigma
+
+
 def build_agent(cfg: Config, market: Prepared) -> Agent:
     """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split)."""
     lo, hi = market.bar_range("train")
+    scale, unit = reward_units(cfg.loss.reward_scale, np.asarray(market.market.close)[lo:hi])
+    tau_floor = cfg.acting.tau_floor * unit
     obs_dim = env_lib.obs_dim(market.env_params, market.features.values.shape[1])
     model = network.make_model(cfg.model, obs_dim, kan_backend=cfg.kernels.kan)
     buffer = make_replay(cfg.replay, obs_dim)
@@ -92,16 +121,23 @@ def build_agent(cfg: Config, market: Prepared) -> Agent:
         aux_lr=oc.aux_lr,
         xlstm_lr=oc.xlstm_lr,
     )
-    dyn = dynamics.make_dynamics(cfg.dynamics, num_atoms=cfg.model.num_atoms)
+    dyn = dynamics.make_dynamics(
+        cfg.dynamics,
+        num_atoms=cfg.model.num_atoms,
+        gamma_n=cfg.loss.gamma**cfg.loss.n_step,
+        reward_unit=unit,
+        gap_cap=cfg.loss.spread_max_gap * unit,
+    )
     update = learner.make_learner(
         cfg.loss,
         cfg.replay,
         cfg.kernels,
         model=model,
-        loss=losses.make_loss(cfg.loss, cfg.model, model),
+        loss=losses.make_loss(cfg.loss, cfg.model, model, reward_unit=unit),
         replay=buffer,
         optimizer=optimizer,
         dynamics=dyn,
+        tau_floor=tau_floor,
     )
     return Agent(
         model=model,
@@ -109,13 +145,14 @@ def build_agent(cfg: Config, market: Prepared) -> Agent:
         lo=int(lo),
         hi=int(hi),
         obs_dim=obs_dim,
-        acting=acting.make_acting(cfg.acting, model),
+        acting=acting.make_acting(cfg.acting, model, eval_policy=cfg.eval.policy, reward_unit=unit),
         replay=buffer,
         nstep=nstep.make_nstep_accumulator(cfg.loss.n_step, cfg.loss.gamma),
         optimizer=optimizer,
         dynamics=dyn,
         learner=update,
-        reward_scale=cfg.loss.reward_scale,
+        reward_scale=scale,
+        reward_unit=unit,
         selectivity=cfg.model.selectivity,
         learning_starts=cfg.replay.learning_starts,
         updates=cfg.optim.updates,
@@ -138,7 +175,9 @@ def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey
         nstep=agent.nstep.init(obs, jnp.zeros((num_envs, NUM_BRANCHES), jnp.int32)),
         env=env_state,
         obs=obs,
-        dynamics=agent.dynamics.init(agent.model.xlstm.init_state(), agent.acting.iqn_readiness),
+        dynamics=agent.dynamics.init(
+            agent.model.xlstm.init_state(), agent.acting.iqn_readiness, agent.acting.kappa_start
+        ),
         key=k_run,
         iteration=jnp.zeros((), jnp.int32),
         updates=jnp.zeros((), jnp.int32),

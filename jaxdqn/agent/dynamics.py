@@ -7,7 +7,8 @@ Everything the learner and the acting policy adapt to, and nothing else, lives i
 state                  meaning                                     written by
 ====================== =========================================== ===========================
 support                L7 adaptive support (centre, half-width)    ``observe_batch``
-reward_std_ema         EMA of the acting rewards' std (L5 scale)   ``observe_rollout``
+reward_std_ema         EMA of the std of the n-step rewards        ``observe_rollout``
+                       written to replay (L5 scale)
 utilisation_ema        EMA of the atom utilisation (L4 ramp)       ``observe_batch``
 q_mean, q_gap, q_std   ``[4]`` EMAs of the batch Q statistics      ``observe_batch``
                        (O5 reads the Q-gap EMA once per epoch)
@@ -17,6 +18,7 @@ xlstm                  M13 recurrent state                         ``observe_bat
 liquid                 M14 state; ``liquid.mod`` scales L3         ``observe_batch``
 eval_q_std_ema         EMA of the validation Q spread (M14 target) ``set_host_inputs``
 iqn_readiness          A2 blend weight                             ``set_host_inputs``
+kappa                  A1 temperature factor κ                     ``set_host_inputs``
 ====================== =========================================== ===========================
 
 Every EMA ``x ← x + α (new − x)``; the reward-std EMA is seeded by its first observation (an
@@ -61,6 +63,7 @@ class DynamicsState:
     liquid: LiquidState
     eval_q_std_ema: chex.Array
     iqn_readiness: chex.Array
+    kappa: chex.Array
 
 
 class BatchObservation(NamedTuple):
@@ -68,12 +71,16 @@ class BatchObservation(NamedTuple):
 
     Attributes:
       q_mean: ``[B, 4, 3]`` E[Q] of the online network on the batch.
+      td: ``[B, 4]`` scalar TD targets r + γⁿ E[Q′(s′, a′)] (L7 centre).
+      reward: ``[B]`` the batch's n-step rewards as the targets used them (L7 width).
       utilisation: scalar atom utilisation of its distributions.
       xlstm: the M13 state after this update's step (from the L6 prediction loss).
       context: ``[d]`` the M13 context vector of that step.
     """
 
     q_mean: chex.Array
+    td: chex.Array
+    reward: chex.Array
     utilisation: chex.Array
     xlstm: XLSTMState
     context: chex.Array
@@ -83,20 +90,21 @@ class BatchObservation(NamedTuple):
 class Dynamics:
     """Pure functions over :class:`DynamicsState` (from :func:`make_dynamics`).
 
-    - ``init(xlstm_state, iqn_readiness) -> DynamicsState``
+    - ``init(xlstm_state, iqn_readiness, kappa) -> DynamicsState``
     - ``grid(state) -> (v_min, Δz)`` of the current support (scalars, or ``[S]`` for a
       population's stacked state)
-    - ``observe_rollout(state, reward [K, E]) -> state``: the reward-std EMA
+    - ``observe_rollout(state, reward [M], valid [M]) -> state``: the reward-std EMA of the
+      n-step rewards written to replay (``valid`` masks the slots that hold one)
     - ``observe_batch(state, BatchObservation) -> (state, metrics)``: L7, the Q EMAs, M13, M14
-    - ``set_host_inputs(state, iqn_readiness=, eval_q_std_ema=) -> state`` (host side)
+    - ``set_host_inputs(state, iqn_readiness=, kappa=, eval_q_std_ema=) -> state`` (host)
     - ``next_eval_q_std(previous, spread) -> list[float]`` the host EMA of the validation Q
       spread (seeded by the first spread)
     """
 
     num_atoms: int
-    init: Callable[[XLSTMState, float], DynamicsState]
+    init: Callable[[XLSTMState, float, float], DynamicsState]
     grid: Callable[[DynamicsState], tuple[chex.Array, chex.Array]]
-    observe_rollout: Callable[[DynamicsState, chex.Array], DynamicsState]
+    observe_rollout: Callable[[DynamicsState, chex.Array, chex.Array], DynamicsState]
     observe_batch: Callable[
         [DynamicsState, BatchObservation], tuple[DynamicsState, dict[str, chex.Array]]
     ]
@@ -104,16 +112,27 @@ class Dynamics:
     next_eval_q_std: Callable[[Sequence[float] | None, Any], list[float]]
 
 
-def make_dynamics(cfg: DynamicsConfig, *, num_atoms: int) -> Dynamics:
-    """Factory of the training-statistics functions for ``cfg`` and ``num_atoms`` atoms."""
+def make_dynamics(
+    cfg: DynamicsConfig,
+    *,
+    num_atoms: int,
+    gamma_n: float,
+    reward_unit: float = 1.0,
+    gap_cap: float = float("inf"),
+) -> Dynamics:
+    """Factory of the training-statistics functions for ``cfg``, ``num_atoms`` atoms, the
+    bootstrap discount ``γⁿ``, the reward unit (Q value of one daily return std: every
+    threshold in reward units is multiplied by it) and M14's target-gap cap in Q units (L3's
+    bound)."""
     alpha = cfg.stats_alpha
     adaptive = cfg.adaptive_support
     base_alpha, max_alpha = cfg.support_alpha, cfg.support_max_alpha
-    half_width0 = cfg.support_half_width
+    half_width0 = cfg.support_half_width * reward_unit
+    sigmas, min_half = cfg.support_sigmas, cfg.support_min_half_width * reward_unit
     eval_alpha = cfg.eval_q_std_alpha
-    liquid = make_liquid(cfg)
+    liquid = make_liquid(cfg, reward_unit=reward_unit, gap_cap=gap_cap)
 
-    def init(xlstm: XLSTMState, iqn_readiness: float) -> DynamicsState:
+    def init(xlstm: XLSTMState, iqn_readiness: float, kappa: float = 1.0) -> DynamicsState:
         f32 = lambda v: jnp.asarray(v, jnp.float32)
         z4 = jnp.zeros((NUM_BRANCHES,), jnp.float32)
         return DynamicsState(
@@ -128,16 +147,24 @@ def make_dynamics(cfg: DynamicsConfig, *, num_atoms: int) -> Dynamics:
             liquid=liquid.init_state(),
             eval_q_std_ema=f32(0.0),
             iqn_readiness=f32(iqn_readiness),
+            kappa=f32(kappa),
         )
 
     def grid(state: DynamicsState) -> tuple[chex.Array, chex.Array]:
         return support_grid(state.support, num_atoms)
 
-    def observe_rollout(state: DynamicsState, reward: chex.Array) -> DynamicsState:
-        std = jnp.std(reward)
+    def observe_rollout(
+        state: DynamicsState, reward: chex.Array, valid: chex.Array
+    ) -> DynamicsState:
+        w = valid.astype(jnp.float32)
+        count = w.sum()
+        mean = jnp.sum(w * reward) / jnp.maximum(count, 1.0)
+        std = jnp.sqrt(jnp.sum(w * (reward - mean) ** 2) / jnp.maximum(count, 1.0))
         old = state.reward_std_ema
         seeded = old > 0
-        return state.replace(reward_std_ema=jnp.where(seeded, old + alpha * (std - old), std))
+        new = jnp.where(seeded, old + alpha * (std - old), std)
+        # Before n steps have been taken no slot holds a transition: nothing observed.
+        return state.replace(reward_std_ema=jnp.where(count > 1, new, old))
 
     def observe_batch(
         state: DynamicsState, seen: BatchObservation
@@ -147,9 +174,12 @@ def make_dynamics(cfg: DynamicsConfig, *, num_atoms: int) -> Dynamics:
         if adaptive:
             support = update_support(
                 support,
-                seen.q_mean.mean(),
-                stats[:, 1].mean(),
-                seen.q_mean.std(),
+                seen.td.mean(),
+                seen.td.std(),
+                seen.reward.std(),
+                gamma_n=gamma_n,
+                sigmas=sigmas,
+                min_half=min_half,
                 base_alpha=base_alpha,
                 max_alpha=max_alpha,
             )
@@ -187,7 +217,7 @@ def make_dynamics(cfg: DynamicsConfig, *, num_atoms: int) -> Dynamics:
     def set_host_inputs(state: DynamicsState, **values: Any) -> DynamicsState:
         """Write ``iqn_readiness`` / ``eval_q_std_ema`` as float32 arrays of the existing
         shape, so the jitted iteration sees the same avals and never recompiles."""
-        unknown = set(values) - {"iqn_readiness", "eval_q_std_ema"}
+        unknown = set(values) - {"iqn_readiness", "kappa", "eval_q_std_ema"}
         if unknown:
             raise TypeError(f"set_host_inputs: not host inputs: {sorted(unknown)}")
         updates = {}

@@ -8,7 +8,7 @@ reads like its table of contents:
    M8–M11 coordination → A1 Boltzmann → A3 position scale → environment step.
 2. :func:`store` — n-step transitions (γⁿ bootstrap, stopped at episode ends) into the
    prioritised replay with priority = max priority × selectivity (L8, M12); the reward-std EMA
-   observes the rollout.
+   observes the n-step rewards written.
 3. :func:`learn` — ``U`` learner updates (:mod:`jaxdqn.agent.learner`), once the replay holds
    ``learning_starts`` transitions.
 
@@ -51,8 +51,9 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
 
     def body(carry, key):
         env_state, obs = carry
+        dyn = state.dynamics
         d = agent.acting.decide(
-            state.params, obs, v_min, delta_z, state.dynamics.iqn_readiness, key
+            state.params, obs, v_min, delta_z, dyn.iqn_readiness, dyn.kappa, key
         )
         env_state, next_obs, reward, done, info = step_env(
             agent.env_params, market, env_state, d.action.choice, d.action.scale
@@ -94,7 +95,7 @@ def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
     return state.replace(
         replay=replay_state,
         nstep=nstep_state,
-        dynamics=agent.dynamics.observe_rollout(state.dynamics, reward),
+        dynamics=agent.dynamics.observe_rollout(state.dynamics, flat.reward, valid.reshape(-1)),
     )
 
 

@@ -66,8 +66,10 @@ def make_learner(
     replay: Replay,
     optimizer: optax.GradientTransformation,
     dynamics: Dynamics,
+    tau_floor: float = 1e-6,
 ) -> Learner:
-    """Factory of the learner update for the given config sections and agent pieces."""
+    """Factory of the learner update for the given config sections and agent pieces
+    (``tau_floor``: L2's temperature floor in Q units)."""
     batch_size, prioritised = replay_cfg.batch_size, replay_cfg.prioritised
     beta0, anneal = replay_cfg.priority_beta0, replay_cfg.beta_anneal_updates
     rank_rewards = loss_cfg.rank_rewards
@@ -78,6 +80,7 @@ def make_learner(
         loss_cfg.polyak_tau,
     )
     projection = kernels_cfg.projection
+    sampled_target = loss_cfg.sampled_target
 
     def sample(state: TrainState, key: chex.PRNGKey) -> Batch:
         """L8 prioritised sample (+ L5 rank normalisation of its rewards)."""
@@ -114,6 +117,8 @@ def make_learner(
             v_min,
             delta_z,
             backend=projection,
+            tau_floor=tau_floor,
+            sampled=sampled_target,
         )
         if loss.needs_target_q_s:
             q_target_s = model.apply(state.target_params, batch.obs, v_min, delta_z).q_mean
@@ -156,6 +161,8 @@ def make_learner(
             dyn,
             BatchObservation(
                 q_mean=parts.q_mean,
+                td=target.td,
+                reward=batch.reward,
                 utilisation=parts.utilisation,
                 xlstm=parts.xlstm_state,
                 context=parts.context,
@@ -188,6 +195,7 @@ def make_learner(
             "priority_max": parts.per_sample.max(),
             "is_weight_mean": batch.weights.mean(),
             "td_target_mean": target.td.mean(),
+            "end_atom_mass": target.end_mass,
         }
         return new_state, metrics
 

@@ -14,7 +14,9 @@ For each branch b, given its current batch Q-gap ``g_b``:
    (chosen inside jit with ``lax.cond``). For constant τ the exact solution is
    ``mod(t) = 1 + (mod(0) − 1) · exp(−t/τ)``; Euler multiplies the deviation by ``1 − h``,
    RK4 by ``1 − h + h²/2 − h³/6 + h⁴/24`` per step (``h = dt/τ``).
-4. **Spread amplifier.** ``target_gap = max(gap_mult · eval_q_std_ema, gap_floor)``,
+4. **Spread amplifier.** ``target_gap = min(max(gap_mult · eval_q_std_ema, gap_floor · u),
+   cap)`` with ``u`` the reward unit and ``cap`` L3's bound ``loss.spread_max_gap · u`` (L3
+   fades out at that gap, so a larger target could only pin ``mod`` at its clip),
    ``A = min(target_gap / max(g, ε), liquid_max)``, ``mod ← min(mod · A, liquid_max)``.
 
 So ``mod`` is a leaky multiplicative integrator of the amplifier: while a branch's gap stays
@@ -108,15 +110,18 @@ class Liquid:
     step: Callable[[LiquidState, LiquidInputs], tuple[LiquidState, Array]]
 
 
-def make_liquid(cfg: DynamicsConfig) -> Liquid:
+def make_liquid(
+    cfg: DynamicsConfig, *, reward_unit: float = 1.0, gap_cap: float = float("inf")
+) -> Liquid:
     """Factory of the M14 pure functions for ``cfg`` (``cfg.liquid`` switches it; the ordering
-    of the alpha and tau bounds is checked with the rest of the config)."""
+    of the alpha and tau bounds is checked with the rest of the config), the reward unit and
+    the target-gap cap in Q units."""
     a_min, a_max = cfg.liquid_alpha_min, cfg.liquid_alpha_max
     t_min, t_max = cfg.liquid_tau_min, cfg.liquid_tau_max
     dt, cap = cfg.liquid_dt, cfg.liquid_max
     enabled, velocity_ref = cfg.liquid, cfg.liquid_velocity_ref
     rk4_threshold = cfg.liquid_rk4_threshold
-    gap_mult, gap_floor = cfg.liquid_gap_mult, cfg.liquid_gap_floor
+    gap_mult, gap_floor = cfg.liquid_gap_mult, cfg.liquid_gap_floor * reward_unit
 
     def init_state() -> LiquidState:
         z = jnp.zeros((NUM_BRANCHES,), jnp.float32)
@@ -147,7 +152,7 @@ def make_liquid(cfg: DynamicsConfig) -> Liquid:
         use_rk4 = inputs.context_norm > rk4_threshold
         relaxed = relax(state.mod, tau, dt, use_rk4)
 
-        target_gap = jnp.maximum(gap_mult * inputs.eval_q_std_ema, gap_floor)
+        target_gap = jnp.minimum(jnp.maximum(gap_mult * inputs.eval_q_std_ema, gap_floor), gap_cap)
         amp = jnp.minimum(target_gap / jnp.maximum(gap, _EPS), cap)
         mod = jnp.clip(relaxed * amp, 0.0, cap)
         new = LiquidState(

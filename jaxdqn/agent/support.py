@@ -1,7 +1,22 @@
 """Adaptive C51 support (L7): centre and half-width tracked by an EMA whose rate grows only for
-abnormal shifts.
+abnormal shifts, sized from the return distribution.
 
 The support is ``z_i = v_min + i·Δz``, ``v_min = centre − half``, ``Δz = 2·half / (N − 1)``.
+
+Why not from the spread of E[Q] (the seed's max(10·q_gap, 3·q_std, floor)): E[Q] can never be
+wider than the support, so that rule shrinks to its floor whatever the rewards (measured:
+reward std 0.5, half-width 0.1, mass piled on the end atoms). Nor from the network's own
+Var[Z]: when the support widens the logits stay, so Var[Z] widens with it, and a rule
+h ← k·sqrt(Var[r] + γ²ⁿ Var[Z]) has the gain k·γⁿ·std(Z)/h > 1 for a near-uniform initial
+distribution (it oscillated 0.24 → 7.1 → 1.1). The half-width here comes from the rewards the
+targets are built from, through the fixed point of the distributional Bellman recursion
+G = R_n + γⁿ G′ with R_n independent of G′: Var[G] = Var[R_n] / (1 − γ²ⁿ), so
+
+    h* = max(k · σ_G, h_min),   σ_G = std(R_n) / sqrt(1 − γ²ⁿ),
+
+with no feedback from the network's output (k = ``dynamics.support_sigmas``, h_min =
+``dynamics.support_min_half_width`` × the reward unit). The centre follows the mean TD target
+r + γⁿ E[Q′], a contraction with factor γⁿ toward the mean return.
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ class SupportState:
 
     centre: chex.Array
     half_width: chex.Array
-    q_std_ema: chex.Array
+    td_std_ema: chex.Array  # EMA of the batch std of the TD targets (natural oscillation)
     alpha: chex.Array  # the rate used by the last update (monitoring)
 
 
@@ -39,48 +54,53 @@ def support_atoms(state: SupportState, num_atoms: int) -> chex.Array:
     return v_min + dz * jnp.arange(num_atoms, dtype=jnp.float32)
 
 
-def target_half_width(q_gap, q_std, min_half: float = 0.1):
-    """half = max(10·q_gap, 3·q_std, min_half): about five atoms between adjacent actions'
-    values (with 51 atoms), and room for the natural spread of Q."""
-    return jnp.maximum(jnp.maximum(10.0 * q_gap, 3.0 * q_std), min_half)
+def target_half_width(reward_std, gamma_n, sigmas: float, min_half):
+    """h* = max(k · std(R_n) / sqrt(1 − γ²ⁿ), h_min) (module docstring)."""
+    sigma_g = reward_std / jnp.sqrt(jnp.maximum(1.0 - gamma_n**2, 1e-6))
+    return jnp.maximum(sigmas * sigma_g, min_half)
 
 
 def update_support(
     state: SupportState,
-    q_mean: chex.Array,
-    q_gap: chex.Array,
-    q_std: chex.Array,
+    td_mean: chex.Array,
+    td_std: chex.Array,
+    reward_std: chex.Array,
     *,
+    gamma_n: float,
+    sigmas: float = 5.0,
+    min_half: float = 0.5,
     base_alpha: float = 0.01,
     max_alpha: float = 0.5,
     abnormal_k: float = 3.0,
-    min_half: float = 0.1,
 ) -> SupportState:
-    """One L7 step from the batch's Q statistics.
+    """One L7 step from the learner batch's targets.
 
-    α = base + (max − base) · clip(|q_mean − centre| / (k·q_std_ema) − 1, 0, 1):
-    a shift within k standard deviations of the natural Q oscillation keeps the slow base rate;
-    only abnormal shifts (beyond k·q_std_ema) speed the EMA up, linearly up to ``max_alpha`` at
-    2k. Centre and half-width then move by α toward q_mean and
-    max(10·q_gap, 3·q_std, min_half).
+    α = base + (max − base) · clip(|td_mean − centre| / (k·td_std_ema) − 1, 0, 1): a shift
+    within k standard deviations of the targets' natural spread keeps the slow base rate; only
+    abnormal shifts speed the EMA up, linearly up to ``max_alpha`` at 2k. Centre and half-width
+    then move by α toward ``td_mean`` and :func:`target_half_width`. The first observation
+    (``td_std_ema`` still 0) sets both directly (α = 1): the configured initial half-width is
+    only a placeholder until the first batch.
 
     Args:
-      q_mean, q_gap, q_std: scalars from the current batch (mean E[Q]; mean over branches of
-        max − min; std of E[Q]).
+      td_mean, td_std: mean and std over the batch of the scalar TD targets r + γⁿ E[Q′].
+      reward_std: std over the batch of the n-step rewards R_n the targets use.
+      gamma_n: γⁿ.
     """
-    # The first observation seeds the EMA: starting it at 0 would make every early shift
-    # look abnormal.
-    seeded = state.q_std_ema > 0
-    q_std_ema = jnp.where(seeded, state.q_std_ema + base_alpha * (q_std - state.q_std_ema), q_std)
-    baseline = jnp.maximum(jnp.where(seeded, state.q_std_ema, q_std), 1e-8)
-    shift = jnp.abs(q_mean - state.centre)
+    seeded = state.td_std_ema > 0
+    td_std_ema = jnp.where(
+        seeded, state.td_std_ema + base_alpha * (td_std - state.td_std_ema), td_std
+    )
+    baseline = jnp.maximum(jnp.where(seeded, state.td_std_ema, td_std), 1e-8)
+    shift = jnp.abs(td_mean - state.centre)
     excess = jnp.clip(shift / (abnormal_k * baseline) - 1.0, 0.0, 1.0)
-    alpha = base_alpha + (max_alpha - base_alpha) * excess
-    centre = state.centre + alpha * (q_mean - state.centre)
-    half = state.half_width + alpha * (target_half_width(q_gap, q_std, min_half) - state.half_width)
+    alpha = jnp.where(seeded, base_alpha + (max_alpha - base_alpha) * excess, 1.0)
+    target = target_half_width(reward_std, gamma_n, sigmas, min_half)
+    centre = state.centre + alpha * (td_mean - state.centre)
+    half = state.half_width + alpha * (target - state.half_width)
     return SupportState(
         centre.astype(jnp.float32),
         half.astype(jnp.float32),
-        q_std_ema.astype(jnp.float32),
+        td_std_ema.astype(jnp.float32),
         jnp.asarray(alpha, jnp.float32),
     )

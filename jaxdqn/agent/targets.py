@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import pallas_kernels
 
 TAU_REL_FLOOR = 0.01
-TAU_ABS_FLOOR = 1e-6
 
 
-def next_action_temperature(q_next: chex.Array) -> chex.Array:
-    """L2 temperature per branch: τ = max(Q'_gap, max(|mean Q'|·0.01, 1e-6)).
+def next_action_temperature(q_next: chex.Array, floor=1e-6) -> chex.Array:
+    """L2 temperature per branch: τ = max(Q'_gap, max(|mean Q'|·0.01, floor)), ``floor`` in Q
+    units (``acting.tau_floor`` × the reward unit).
 
     With τ equal to the gap, adjacent values keep a constant e:1 weight ratio whatever their
     scale (τ = gap/3 made the target effectively argmax and froze learning in the seed system).
@@ -29,11 +29,11 @@ def next_action_temperature(q_next: chex.Array) -> chex.Array:
       ``[...]`` temperatures.
     """
     gap = q_next.max(axis=-1) - q_next.min(axis=-1)
-    floor = jnp.maximum(jnp.abs(q_next.mean(axis=-1)) * TAU_REL_FLOOR, TAU_ABS_FLOOR)
-    return jnp.maximum(gap, floor)
+    rel = jnp.maximum(jnp.abs(q_next.mean(axis=-1)) * TAU_REL_FLOOR, floor)
+    return jnp.maximum(gap, rel)
 
 
-def sample_next_actions(key: chex.PRNGKey, q_next: chex.Array) -> chex.Array:
+def sample_next_actions(key: chex.PRNGKey, q_next: chex.Array, floor=1e-6) -> chex.Array:
     """L2: per sample and branch, a' ~ softmax(E[Q']/τ).
 
     A fresh key every update keeps the target stochastic; a fixed key (or the deterministic
@@ -42,11 +42,12 @@ def sample_next_actions(key: chex.PRNGKey, q_next: chex.Array) -> chex.Array:
     Args:
       key: PRNG key, fresh each update.
       q_next: ``[B, 4, 3]`` target-network expected values at s'.
+      floor: temperature floor in Q units.
     Returns:
       int32 ``[B, 4]``.
     """
     chex.assert_rank(q_next, 3)
-    tau = next_action_temperature(q_next)[..., None]
+    tau = next_action_temperature(q_next, floor)[..., None]
     return jax.random.categorical(key, q_next / tau, axis=-1).astype(jnp.int32)
 
 
@@ -56,6 +57,7 @@ class Target(NamedTuple):
     probs: chex.Array  # [B, 4, N] on the current support
     td: chex.Array  # [B, 4] = r + γⁿ · E[Q'(s', a')]
     next_actions: chex.Array  # [B, 4]
+    end_mass: chex.Array  # [] mean projected mass on the two end atoms (L7 coverage)
 
 
 def target_distribution(
@@ -68,6 +70,8 @@ def target_distribution(
     delta_z: chex.Array,
     *,
     backend: str = "auto",
+    tau_floor: float = 1e-6,
+    sampled: bool = True,
 ) -> Target:
     """L2 + projection: the categorical target r + γⁿ·Z(s', a') on the current support.
 
@@ -82,10 +86,15 @@ def target_distribution(
       reward: ``[B]`` (n-step, possibly rank-normalised) returns.
       discount: ``[B]`` γⁿ, or 0 where the episode ended inside the n steps.
       v_min, delta_z: scalars of the current support.
+      backend: P1 implementation; tau_floor: L2 temperature floor in Q units.
+      sampled: L2 on (sample a′); off: a′ = argmax E[Q′] (the plain DQN target).
     """
     chex.assert_rank([probs_next, q_next, reward, discount], [4, 3, 1, 1])
     b, nb, _, n = probs_next.shape
-    a_next = sample_next_actions(key, q_next)
+    if sampled:
+        a_next = sample_next_actions(key, q_next, tau_floor)
+    else:
+        a_next = jnp.argmax(q_next, axis=-1).astype(jnp.int32)
     p = jnp.take_along_axis(probs_next, a_next[:, :, None, None], axis=2)[:, :, 0]  # [B,4,N]
     z = v_min + delta_z * jnp.arange(n, dtype=probs_next.dtype)
     atoms = reward[:, None, None] + discount[:, None, None] * z  # [B,1,N]
@@ -99,7 +108,13 @@ def target_distribution(
     ).reshape(b, nb, n)
     q_sel = jnp.take_along_axis(q_next, a_next[:, :, None], axis=2)[:, :, 0]
     td = reward[:, None] + discount[:, None] * q_sel
-    return Target(jax.lax.stop_gradient(projected), jax.lax.stop_gradient(td), a_next)
+    end_mass = jnp.mean(projected[..., 0] + projected[..., -1])
+    return Target(
+        jax.lax.stop_gradient(projected),
+        jax.lax.stop_gradient(td),
+        a_next,
+        jax.lax.stop_gradient(end_mass),
+    )
 
 
 def average_ranks(x: chex.Array) -> chex.Array:

@@ -3,7 +3,8 @@
 Unknown keys and ill-typed or out-of-range values raise :class:`ConfigError` whose one-line
 message names the full dotted key. Keys of configs saved before the sections were split by
 concept (2026-11-30: ``learner.*``, ``model.liquid*``, ``model.kan_backend``, the schedule keys
-of ``train``) are answered with the key that replaced them (:data:`MOVED`).
+of ``train``) are answered with the key that replaced them (:data:`MOVED`); keys that were
+removed outright say why and what replaces them (:data:`REMOVED`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,16 @@ import yaml
 
 from jaxdqn.config.sections import Config, ConfigError
 
-__all__ = ["DEFAULT_HEADER", "MOVED", "commented_yaml", "describe", "dump", "load", "to_dict"]
+__all__ = [
+    "DEFAULT_HEADER",
+    "MOVED",
+    "REMOVED",
+    "commented_yaml",
+    "describe",
+    "dump",
+    "load",
+    "to_dict",
+]
 
 #: Old dotted key → the key that replaced it.
 MOVED: dict[str, str] = {
@@ -82,6 +92,11 @@ MOVED: dict[str, str] = {
     "model.kan_backend": "kernels.kan",
 }
 _SPLIT_SECTIONS = {"learner": "acting, replay, optim, loss, dynamics and kernels"}
+#: Removed dotted key → why, and what replaces it (the error reads "<key> was removed: <why>").
+REMOVED: dict[str, str] = {
+    "data.synthetic.range_frac": "the synthetic high/low now come from an intrabar Brownian "
+    "bridge (data.synthetic.intrabar_vol, intrabar_steps)",
+}
 
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -94,7 +109,12 @@ def _coerce(key: str, typ: Any, value: Any) -> Any:
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None:
             return None
-        return _coerce(key, args[0], value)
+        for typ_i in args[:-1]:  # e.g. float | str: a number if it reads as one
+            try:
+                return _coerce(key, typ_i, value)
+            except ConfigError:
+                pass
+        return _coerce(key, args[-1], value)
     if dataclasses.is_dataclass(typ):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping of sub-keys, got {value!r}")
@@ -156,6 +176,8 @@ def _unknown(key: str, value: Any) -> str:
     """The message for an unknown key: where it moved, or that it does not exist."""
     if key in MOVED:
         return f"{key} moved to {MOVED[key]}"
+    if key in REMOVED:
+        return f"{key} was removed: {REMOVED[key]}"
     if key in _SPLIT_SECTIONS:
         if isinstance(value, Mapping) and value:
             sub = next(iter(value))

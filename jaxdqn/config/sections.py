@@ -28,10 +28,18 @@ defaults *are* the CPU-friendly embedded default (``configs/default.yaml`` mirro
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from jaxdqn.branches import NUM_BRANCHES
+from jaxdqn.config.agent_sections import (
+    ActingConfig,
+    DynamicsConfig,
+    KernelsConfig,
+    LossConfig,
+    OptimConfig,
+    ReplayConfig,
+)
+from jaxdqn.config.fields import ConfigError, _f, _sub
 
 __all__ = [
     "ALL_OFF",
@@ -56,25 +64,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A bad configuration: unknown key, wrong type or value out of range (one-line message)."""
-
-
-def _f(default: Any, help: str, *, choices: tuple | None = None, lo=None, hi=None):
-    """A dataclass field with documentation and validation metadata."""
-    meta = {"help": help, "choices": choices, "lo": lo, "hi": hi}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _sub(cls, help: str):
-    return field(default_factory=cls, metadata={"help": help})
-
-
-BACKENDS = ("auto", "pallas", "interpret", "reference")
-
-
 @dataclass(frozen=True)
 class SyntheticConfig:
     """The synthetic market with a planted, known signal (E2)."""
@@ -94,9 +83,10 @@ class SyntheticConfig:
     gap_frac: float = _f(
         0.25, "sd of the overnight gap log(open/prev close), in units of vol", lo=0.0, hi=1.0
     )
-    range_frac: float = _f(
-        0.5, "sd of the wicks beyond max/min(open, close), in units of vol", lo=0.0, hi=10.0
+    intrabar_vol: float = _f(
+        1.0, "sd of the intrabar Brownian bridge open->close (high/low: its extrema), x vol", lo=0.0
     )
+    intrabar_steps: int = _f(78, "steps of the intrabar path (78: 5-minute bars of a day)", lo=2)
     volume_median: float = _f(1.0e6, "median bar volume (volume is lognormal)", lo=1.0)
     volume_sigma: float = _f(0.3, "sd of log volume", lo=0.0, hi=5.0)
 
@@ -164,6 +154,9 @@ class EnvConfig:
     )
     adv_window: int = _f(20, "bars in the trailing average dollar volume (ADV)", lo=1)
     capital: float = _f(1.0e6, "account size in currency, sets traded/ADV for impact", lo=1.0)
+    limit_through_bps: float = _f(
+        5.0, "a limit fills only if bar t+1 trades through it by this many bps (not a touch)", lo=0
+    )
 
 
 @dataclass(frozen=True)
@@ -196,125 +189,16 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class ActingConfig:
-    """The acting half of the iteration (A1–A3): vectorised environments and their steps."""
-
-    num_envs: int = _f(64, "E: environments acting in parallel (vmapped)", lo=1)
-    steps: int = _f(8, "K: environment steps per iteration (acting scan)", lo=1)
-    iqn_blend: bool = _f(True, "A2: act on Q90 blended toward Q10 by iqn_readiness (off: E[Q])")
-    iqn_readiness: float = _f(0.0, "A2: initial readiness (host-set each epoch)", lo=0.0, hi=1.0)
-    iqn_readiness_epochs: int = _f(
-        20, "A2: epochs over which iqn_readiness ramps linearly from its initial value to 1", lo=1
-    )
-    position_sizing: bool = _f(True, "A3: scale positions by 1/(1+sqrt(Var[Q]))")
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """Prioritised replay on device and the learner's sample from it (L8)."""
-
-    capacity: int = _f(32768, "replay capacity in transitions", lo=16)
-    learning_starts: int = _f(1024, "transitions in replay before the first update", lo=1)
-    batch_size: int = _f(128, "B: transitions per learner update", lo=2)
-    prioritised: bool = _f(True, "L8: prioritised replay (off: uniform sampling)")
-    priority_alpha: float = _f(0.6, "L8: priority exponent", lo=0.0, hi=1.0)
-    priority_beta0: float = _f(0.4, "L8: initial importance-sampling exponent", lo=0.0, hi=1.0)
-    beta_anneal_updates: int = _f(20000, "L8: updates over which beta anneals to 1", lo=1)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """Optimisers (O1), learner updates per iteration, and the SGDR schedule (O2, O3)."""
-
-    updates: int = _f(4, "U: learner updates per iteration (learner scan)", lo=1)
-    lr: float = _f(
-        3.0e-4, "O1/O2: base learning rate of the main Adam (trunk and branches)", lo=0.0
-    )
-    clip_norm: float = _f(10.0, "O1: global-norm gradient clip of the main Adam", lo=1e-6)
-    aux_lr: float = _f(1.0e-4, "L6/O1: learning rate of the auxiliary Adam", lo=0.0)
-    xlstm_lr: float = _f(1.0e-4, "L6/O1: learning rate of the xLSTM SGD", lo=0.0)
-    sgdr_period: int = _f(20, "O2: epochs per cosine cycle T", lo=1)
-    sgdr_floor: float = _f(0.1, "O2: cycle's final learning rate as a fraction of base", lo=0, hi=1)
-    restart_moment_scale: float = _f(0.5, "O3: Adam mu/nu factor at each restart", lo=0, hi=1)
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """The learner's targets and losses (L1–L6) and the target network (L2)."""
-
-    gamma: float = _f(0.99, "discount per bar", lo=0.0, hi=1.0)
-    n_step: int = _f(3, "n of the n-step return (bootstrap with gamma^n)", lo=1, hi=64)
-    reward_scale: float = _f(
-        1.0,
-        "learning rewards = reward_scale x log equity return (Q in those units; A1's tau floor "
-        "of 0.01 is in them too)",
-        lo=1e-6,
-    )
-    target_update: str = _f("hard", "L2: target network update", choices=("hard", "polyak"))
-    target_period: int = _f(200, "L2: updates between hard target copies", lo=1)
-    polyak_tau: float = _f(0.005, "L2: Polyak rate of the soft target update", lo=0.0, hi=1.0)
-    spread: bool = _f(True, "L3: spread surrogate on the action logits")
-    spread_branch_scale: tuple[float, ...] = _f(
-        (1.0, 0.5, 0.25, 0.25),
-        "L3: per-branch spread weight (direction, magnitude, order, urgency)",
-    )
-    entropy: bool = _f(True, "L4: entropy bonus with the atom-utilisation ramp")
-    entropy_base: float = _f(0.01, "L4: base entropy coefficient", lo=0.0)
-    rank_rewards: bool = _f(True, "L5: rank-normalise batch rewards")
-    aux_training: bool = _f(True, "L6: train denoiser, selectivity, coordination and xLSTM")
-
-
-@dataclass(frozen=True)
-class DynamicsConfig:
-    """Training statistics (one owner: ``jaxdqn.agent.dynamics``): EMAs, L7, M14."""
-
-    stats_alpha: float = _f(0.01, "EMA rate of reward std, utilisation and Q statistics", lo=0.0)
-    eval_q_std_alpha: float = _f(
-        0.3, "M14: EMA rate of the validation Q spread (host-side, once per epoch)", lo=0.0, hi=1.0
-    )
-    adaptive_support: bool = _f(True, "L7: EMA-tracked support (off: fixed support)")
-    support_half_width: float = _f(0.1, "L7: initial (or fixed) support half-width", lo=1e-6)
-    support_alpha: float = _f(0.01, "L7: base EMA rate of the support", lo=0.0, hi=1.0)
-    support_max_alpha: float = _f(0.5, "L7: EMA rate for abnormal shifts", lo=0.0, hi=1.0)
-    liquid: bool = _f(True, "M14: liquid time constants scaling the spread term")
-    liquid_alpha_min: float = _f(
-        0.01, "M14: Q-gap EMA rate when the gap moves as expected", lo=1e-6, hi=1.0
-    )
-    liquid_alpha_max: float = _f(
-        0.5, "M14: Q-gap EMA rate approached under large relative surprise", lo=1e-6, hi=1.0
-    )
-    liquid_tau_min: float = _f(2.0, "M14: time constant of a stuck branch (updates)", lo=1e-3)
-    liquid_tau_max: float = _f(50.0, "M14: time constant of a fast-learning branch", lo=1e-3)
-    liquid_velocity_ref: float = _f(
-        0.01, "M14: relative Q-gap velocity per update at which tau is ~76% of the way up", lo=1e-9
-    )
-    liquid_dt: float = _f(1.0, "M14: ODE time step per update", lo=1e-6)
-    liquid_rk4_threshold: float = _f(
-        1.0, "M14: RK4 instead of Euler when the xLSTM context norm exceeds this", lo=0.0
-    )
-    liquid_gap_mult: float = _f(10.0, "M14: target_gap = max(mult * eval_q_std_ema, floor)", lo=0.0)
-    liquid_gap_floor: float = _f(0.3, "M14: floor of the spread amplifier's target gap", lo=0.0)
-    liquid_max: float = _f(4.0, "M14: clip of the spread amplifier and of liquid_mod", lo=1e-3)
-
-
-@dataclass(frozen=True)
-class KernelsConfig:
-    """Which implementation runs each Pallas kernel (auto: Pallas on GPU, jnp elsewhere)."""
-
-    projection: str = _f(
-        "reference",
-        "P1: C51 projection; the jnp scatter reference measured faster than the Pallas kernel "
-        "on the H200 (bench/RESULTS.md)",
-        choices=BACKENDS,
-    )
-    kan: str = _f("auto", "P2: KAN spline gate (M4)", choices=BACKENDS)
-
-
-@dataclass(frozen=True)
 class EvalConfig:
     """Deterministic evaluation walks and metrics (E3)."""
 
     periods_per_year: int = _f(252, "bars per year for annualisation", lo=1)
+    policy: str = _f(
+        "greedy",
+        "policy of val, model selection, plateau detection, test and evaluate: greedy (argmax of "
+        "E[Q] after M8-M11, A3 sizing kept) or boltzmann (the seed system: A2 blend + A1 sample)",
+        choices=("greedy", "boltzmann"),
+    )
     key: int = _f(1234, "fixed PRNG seed of evaluation sampling (A1) and the random baseline")
 
 
@@ -342,9 +226,16 @@ class TrainConfig:
     iterations_per_epoch: int = _f(40, "jitted iterations per epoch", lo=1)
     plateau_threshold: int = _f(4, "O5/O6: plateau epochs before the branch reset (O4)", lo=1)
     plateau_velocity_eps: float = _f(
-        1e-4, "O5: |epoch change of the Q-gap EMA| below this counts as zero velocity", lo=0.0
+        0.01,
+        "O5: a branch is frozen when its Q-gap EMA changed by less than this fraction of itself "
+        "in an epoch",
+        lo=0.0,
     )
-    plateau_sharpe_eps: float = _f(0.01, "O5: |change of val Sharpe| below this is a plateau", lo=0)
+    plateau_sharpe_eps: float = _f(
+        0.1,
+        "O5: |change of val Sharpe| below this many standard errors of the val Sharpe is a plateau",
+        lo=0,
+    )
     rewind: bool = _f(True, "O6: restore the best checkpoint at plateau threshold + 3")
     branch_reset: bool = _f(True, "O4: reset branch Adam moments at the plateau threshold")
     keep_best: int = _f(3, "checkpoints kept by best val Sharpe", lo=1)
@@ -391,7 +282,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
         "xlstm",
     ),
     "dynamics": ("liquid", "adaptive_support"),
-    "loss": ("spread", "entropy", "rank_rewards", "aux_training"),
+    "loss": ("sampled_target", "spread", "entropy", "rank_rewards", "aux_training"),
     "acting": ("iqn_blend", "position_sizing"),
 }
 ALL_OFF = tuple(f"{section}.{k}=false" for section, keys in SWITCHES.items() for k in keys)
@@ -430,6 +321,11 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError(
             "replay.capacity: must hold one iteration's acting.num_envs * acting.steps transitions"
         )
+    rs = cfg.loss.reward_scale
+    if isinstance(rs, str) and rs != "auto":
+        raise ConfigError(f"loss.reward_scale: 'auto' or a positive number, got {rs!r}")
+    if not isinstance(rs, str) and not 0 < rs < float("inf"):
+        raise ConfigError(f"loss.reward_scale: must be a positive number or auto, got {rs!r}")
     y = cfg.dynamics
     if y.liquid_alpha_min > y.liquid_alpha_max:
         raise ConfigError("dynamics.liquid_alpha_min: must be <= dynamics.liquid_alpha_max")

@@ -29,8 +29,19 @@ vol_target     long with position fraction w_t = min(V / (σ̂_t · sqrt(ppy)), 
                scale_t = V / (σ̂_t · sqrt(ppy)) / (level_high · L) (the environment caps at L);
                flat where σ̂_t is 0 (before its warm-up).
 oracle         synthetic market only: d_t = the ``oracle`` column, the sign of the best one-bar
-               forecast of the planted AR(1) signal.
+               forecast of the planted AR(1) signal, traded with its **best execution** (below).
 =============  =================================================================================
+
+Oracle with best execution. The oracle's direction (full size, scale 1) is walked with every
+execution the agent has, order type {market, limit, limit-then-market} × urgency {low, mid,
+high} (:data:`ORACLE_EXECUTIONS`; rows ``oracle_<order>_<urgency>``, e.g. ``oracle_market_high``
+= market at the next open, ``oracle_limit_low`` = the deepest limit). The ``oracle`` row is a
+copy of the execution with the highest **val** Sharpe (ties: the first in table order; the
+choice is never made on test, whose numbers are only reported), named in
+``table.attrs["oracle_execution"]`` (:func:`oracle_execution`). So the agent is compared with the
+best the known direction achieves through the same environment, fills included.
+:func:`policies` returns ``oracle`` with the fixed market-at-open execution (it walks nothing, so
+it cannot choose) and every ``oracle_<order>_<urgency>`` policy.
 
 ``python -m jaxdqn.baselines [--config PATH] [key=value ...]`` prints their val and test
 metrics.
@@ -48,19 +59,24 @@ import numpy as np
 import pandas as pd
 
 from jaxdqn import config
+from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation import walk as evaluate
 from jaxdqn.market import env
 from jaxdqn.market import market as market_setup
 
 __all__ = [
     "BASELINE_NAMES",
+    "ORACLE_EXECUTIONS",
     "TABLE_METRICS",
     "Signal",
     "buy_and_hold_signal",
+    "describe_execution",
+    "device_signal",
     "flat_signal",
     "follow_signal",
     "macd_signal",
     "momentum_signal",
+    "oracle_execution",
     "oracle_signal",
     "policies",
     "random_policy",
@@ -79,7 +95,8 @@ BASELINE_NAMES = (
     "vol_target",
     "oracle",
 )
-"""Every baseline, in table order (``oracle`` only on the synthetic market)."""
+"""Every baseline, in table order (``oracle`` only on the synthetic market, where the rows of
+:data:`ORACLE_EXECUTIONS` follow)."""
 
 TABLE_METRICS = (
     "sharpe",
@@ -97,16 +114,41 @@ _MAGNITUDE_FULL = 2
 _ORDER_MARKET = 0
 _URGENCY_OPEN = 2
 
+ORACLE_EXECUTIONS: dict[str, tuple[int, int]] = {
+    f"oracle_{order}_{urgency}": (o, u)
+    for o, order in enumerate(ACTION_NAMES["order"])
+    for u, urgency in enumerate(ACTION_NAMES["urgency"])
+}
+"""Row name → (order, urgency) action indices of every execution of the oracle's direction,
+in table order (order type market, limit, limit_then_market; urgency low, mid, high)."""
+
+
+def describe_execution(name: str) -> str:
+    """``"oracle_limit_then_market_low"`` → ``"limit-then-market, low urgency"``."""
+    order, urgency = ORACLE_EXECUTIONS[name]
+    words = ACTION_NAMES["order"][order].replace("_", "-")
+    return f"{words}, {ACTION_NAMES['urgency'][urgency]} urgency"
+
+
+def oracle_execution(table: pd.DataFrame) -> str | None:
+    """The :data:`ORACLE_EXECUTIONS` name that :func:`run_baselines` copied into its ``oracle``
+    row (chosen on val), or None when the table has no oracle."""
+    return table.attrs.get("oracle_execution")
+
 
 class Signal(NamedTuple):
     """A per-bar decision of a signal-following baseline, indexed by decision bar t.
 
     direction: int32 [T] in {0, 1, 2} (short, flat, long) = d_t + 1.
     scale: float32 [T] position scale (1.0 when the baseline does not size).
+    order, urgency: int32 scalars, the execution of every order (default: market at the
+      next open).
     """
 
     direction: np.ndarray
     scale: np.ndarray
+    order: int | np.ndarray = _ORDER_MARKET
+    urgency: int | np.ndarray = _URGENCY_OPEN
 
 
 def _signal(d: np.ndarray, scale: np.ndarray | None = None) -> Signal:
@@ -201,23 +243,36 @@ def signals(market: env.MarketData, params: env.EnvParams, cfg: config.Config) -
 
 
 def follow_signal(signal: Signal, obs: jax.Array, t: jax.Array, key: jax.Array):
-    """Policy with parameters: trade ``signal`` at bar t with a full-size market order at the
-    next open. Walk it with ``policy_params=signal`` (one compilation for every signal)."""
+    """Policy with parameters: trade ``signal`` at bar t at full size with the signal's
+    execution (order, urgency; default a market order at the next open). Walk it with
+    ``policy_params=device_signal(signal)`` (one compilation for every signal and execution)."""
     del obs, key
     action = jnp.stack(
         [
-            jnp.asarray(signal.direction)[t],
+            jnp.asarray(signal.direction, jnp.int32)[t],
             jnp.int32(_MAGNITUDE_FULL),
-            jnp.int32(_ORDER_MARKET),
-            jnp.int32(_URGENCY_OPEN),
+            jnp.asarray(signal.order, jnp.int32),
+            jnp.asarray(signal.urgency, jnp.int32),
         ]
     )
     return action, jnp.asarray(signal.scale)[t]
 
 
+def device_signal(signal: Signal, execution: tuple[int, int] | None = None) -> Signal:
+    """``signal`` as device arrays (order and urgency int32 scalars, so that every execution
+    shares one compilation), with ``execution = (order, urgency)`` replacing its own."""
+    order, urgency = (signal.order, signal.urgency) if execution is None else execution
+    return Signal(
+        jnp.asarray(signal.direction),
+        jnp.asarray(signal.scale),
+        jnp.asarray(order, jnp.int32),
+        jnp.asarray(urgency, jnp.int32),
+    )
+
+
 def signal_policy(signal: Signal) -> evaluate.PolicyFn:
     """``policy_fn(obs, t, key)`` closure following ``signal`` (see :func:`follow_signal`)."""
-    arrays = Signal(jnp.asarray(signal.direction), jnp.asarray(signal.scale))
+    arrays = device_signal(signal)
     return lambda obs, t, key: follow_signal(arrays, obs, t, key)
 
 
@@ -231,7 +286,9 @@ def policies(
     market: env.MarketData, params: env.EnvParams, cfg: config.Config
 ) -> dict[str, evaluate.PolicyFn]:
     """Every applicable baseline as a ``policy_fn(obs, t, key)``, in :data:`BASELINE_NAMES`
-    order."""
+    order, then (synthetic market) every :data:`ORACLE_EXECUTIONS` policy. ``oracle`` here
+    trades at the next open: choosing its best execution needs the val walks of
+    :func:`run_baselines`."""
     sigs = signals(market, params, cfg)
     out: dict[str, evaluate.PolicyFn] = {}
     for name in BASELINE_NAMES:
@@ -239,6 +296,9 @@ def policies(
             out[name] = random_policy
         elif name in sigs:
             out[name] = signal_policy(sigs[name])
+    if "oracle" in sigs:
+        for name, (order, urgency) in ORACLE_EXECUTIONS.items():
+            out[name] = signal_policy(sigs["oracle"]._replace(order=order, urgency=urgency))
     return out
 
 
@@ -258,49 +318,69 @@ def run_baselines(
       logs: if given, filled with the per-bar log of every walk, keyed ``(name, split)``.
 
     Returns:
-      DataFrame, one row per baseline (index ``baseline``), columns a MultiIndex
-      ``(split, metric)`` with every key of :func:`jaxdqn.evaluation.metrics.performance`.
+      DataFrame, one row per baseline (index ``baseline``): :data:`BASELINE_NAMES` in order, then
+      on the synthetic market one row per :data:`ORACLE_EXECUTIONS`; columns a MultiIndex
+      ``(split, metric)`` with every key of :func:`jaxdqn.evaluation.metrics.performance`. The
+      ``oracle`` row (and its logs) is the execution with the best val Sharpe (NaN counts as
+      worst), named in ``attrs["oracle_execution"]``; the executions are walked on val for this
+      choice even when ``splits`` leaves val out (their val numbers are then not in the table).
     """
     p = prepared if prepared is not None else market_setup.prepare(cfg)
     key = jax.random.PRNGKey(cfg.eval.key)
     ppy = cfg.eval.periods_per_year
     sigs = signals(p.market, p.env_params, cfg)
-    rows: dict[str, dict[tuple[str, str], float]] = {}
+
+    def walk(policy_fn, split, params=None):
+        lo, hi = p.eval_range(split)
+        return evaluate.walk(
+            p.market,
+            p.env_params,
+            lo,
+            hi,
+            policy_fn,
+            key,
+            p.dates,
+            periods_per_year=ppy,
+            policy_params=params,
+        )
+
+    jobs: dict[str, tuple[evaluate.PolicyFn, Signal | None]] = {}
     for name in BASELINE_NAMES:
-        if name != "random" and name not in sigs:
-            continue
-        row: dict[tuple[str, str], float] = {}
+        if name == "random":
+            jobs[name] = (random_policy, None)
+        elif name in sigs and name != "oracle":
+            jobs[name] = (follow_signal, device_signal(sigs[name]))
+    if "oracle" in sigs:
+        for name, execution in ORACLE_EXECUTIONS.items():
+            jobs[name] = (follow_signal, device_signal(sigs["oracle"], execution))
+
+    rows: dict[str, dict[tuple[str, str], float]] = {}
+    walked: dict[tuple[str, str], evaluate.EvalResult] = {}
+    for name, (policy_fn, params) in jobs.items():
+        need = [*splits, "val"] if name in ORACLE_EXECUTIONS else splits
+        for split in dict.fromkeys(need):
+            walked[(name, split)] = walk(policy_fn, split, params)
+        rows[name] = {
+            (split, k): v for split in splits for k, v in walked[(name, split)].metrics.items()
+        }
+
+    best = None
+    if "oracle" in sigs:
+        val_sharpe = [walked[(name, "val")].metrics["sharpe"] for name in ORACLE_EXECUTIONS]
+        score = np.nan_to_num(np.asarray(val_sharpe, dtype=np.float64), nan=-np.inf)
+        best = list(ORACLE_EXECUTIONS)[int(np.argmax(score))]  # first of ties
+        rows["oracle"] = rows[best]
         for split in splits:
-            lo, hi = p.eval_range(split)
-            if name == "random":
-                res = evaluate.walk(
-                    p.market,
-                    p.env_params,
-                    lo,
-                    hi,
-                    random_policy,
-                    key,
-                    p.dates,
-                    periods_per_year=ppy,
-                )
-            else:
-                arrays = Signal(jnp.asarray(sigs[name].direction), jnp.asarray(sigs[name].scale))
-                res = evaluate.walk(
-                    p.market,
-                    p.env_params,
-                    lo,
-                    hi,
-                    follow_signal,
-                    key,
-                    p.dates,
-                    periods_per_year=ppy,
-                    policy_params=arrays,
-                )
-            row.update({(split, k): v for k, v in res.metrics.items()})
-            if logs is not None:
-                logs[(name, split)] = res.log
-        rows[name] = row
-    table = pd.DataFrame.from_dict(rows, orient="index")
+            walked[("oracle", split)] = walked[(best, split)]
+
+    order = [n for n in BASELINE_NAMES if n in rows] + [n for n in ORACLE_EXECUTIONS if n in rows]
+    if logs is not None:
+        for name in order:
+            for split in splits:
+                logs[(name, split)] = walked[(name, split)].log
+    table = pd.DataFrame.from_dict({n: rows[n] for n in order}, orient="index")
     table.columns = pd.MultiIndex.from_tuples(table.columns, names=["split", "metric"])
     table.index.name = "baseline"
+    if best is not None:
+        table.attrs["oracle_execution"] = best
     return table

@@ -44,7 +44,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["RETURN_KEYS", "performance"]
+__all__ = ["RETURN_KEYS", "performance", "sharpe_se"]
 
 RETURN_KEYS = (
     "sharpe",
@@ -139,3 +139,17 @@ def performance(
     if positions is not None:
         out["exposure"] = _mean_abs(_as_1d("positions", positions))
     return out
+
+
+def sharpe_se(sharpe: float, num_periods: int, periods_per_year: float) -> float:
+    """Standard error of an annualised Sharpe ratio estimated from ``num_periods`` returns
+    (Lo 2002, i.i.d. returns): with the per-period ratio s = sharpe / sqrt(ppy),
+
+        SE = sqrt((1 + s²/2) / n) · sqrt(ppy).
+
+    ≈ 0.65 for 600 daily bars, ≈ 0.2 for 6,000. A non-finite ``sharpe`` counts as 0.
+    """
+    if num_periods < 2:
+        return math.inf
+    s = sharpe / math.sqrt(periods_per_year) if math.isfinite(sharpe) else 0.0
+    return math.sqrt((1.0 + 0.5 * s * s) / num_periods) * math.sqrt(periods_per_year)

@@ -240,7 +240,7 @@ def value_spread(
     delta_z: jax.Array,
 ) -> jax.Array:
     """Std of the agent's E[Q] over every bar of ``[lo, hi)`` seen flat (position 0, no fill):
-    the evaluation Q-spread that M14's amplifier target ``max(10·eval_q_std_ema, 0.3)`` uses.
+    the evaluation Q-spread that M14's amplifier target ``10·eval_q_std_ema`` uses.
 
     Returns a float32 scalar (traceable; jit it with ``model``/``env_params``/``lo``/``hi``
     static)."""

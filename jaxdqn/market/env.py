@@ -20,9 +20,12 @@ Orders (``u`` is the urgency: 0 low, 1 mid, 2 high; ``σ̂_t`` the causal volati
   with ``N = |Δ| · price · capital`` the traded notional in currency (0 when ``η = 0``).
 - limit, priced at decision time with depth ``k_u = limit_offsets[u]``:
   buy ``P = close[t] · (1 − k_u σ̂_t)``: fills at ``open[t+1]`` if ``open[t+1] ≤ P`` (gap
-  through, price improvement), else at ``P`` if ``low[t+1] < P`` (strict trade-through),
-  else expires and the position is unchanged. Sell ``P = close[t] · (1 + k_u σ̂_t)``,
-  mirrored on the open and the high. Cost: commission only.
+  through, price improvement), else at ``P`` if ``low[t+1] < P · (1 − b)`` (the bar traded
+  through the price by ``b = env.limit_through_bps · 1e-4``: the order's place in the queue
+  is unknown, so touching ``P`` — or going a hair beyond it — is not filling), else expires
+  and the position is unchanged. Sell ``P = close[t] · (1 + k_u σ̂_t)``, mirrored: at
+  ``open[t+1]`` if ``open[t+1] ≥ P``, else at ``P`` if ``high[t+1] > P · (1 + b)``.
+  Cost: commission only.
 - limit-then-market: the limit above; if it does not fill, a market order at ``close[t+1]``
   paying half-spread + commission + impact.
 
@@ -119,7 +122,8 @@ class MarketData:
 
 @dataclasses.dataclass(frozen=True)
 class EnvParams:
-    """Static (hashable) environment parameters; costs are fractions, not bps.
+    """Static (hashable) environment parameters; costs and ``limit_through`` (the trade-through
+    margin ``b`` of a limit fill) are fractions, not bps.
 
     Pass it as a static argument or close over it; it is never traced.
     """
@@ -134,6 +138,7 @@ class EnvParams:
     impact_eta: float = 0.0
     participation: float = 0.1
     capital: float = 1.0e6
+    limit_through: float = 5e-4
 
     @classmethod
     def from_config(cls, env_cfg: EnvConfig, window: int) -> EnvParams:
@@ -149,6 +154,7 @@ class EnvParams:
             impact_eta=float(env_cfg.impact_eta),
             participation=float(env_cfg.participation),
             capital=float(env_cfg.capital),
+            limit_through=float(env_cfg.limit_through_bps) * 1e-4,
         )
 
 
@@ -379,7 +385,11 @@ def _transition(
     depth = _pick3(urgency, tuple(jnp.float32(v) for v in params.limit_offsets)) * sig
     limit_px = c0 * jnp.where(buy, 1.0 - depth, 1.0 + depth)
     gap = jnp.where(buy, o1 <= limit_px, o1 >= limit_px)
-    through = jnp.where(buy, l1 < limit_px, h1 > limit_px)
+    through = jnp.where(
+        buy,
+        l1 < limit_px * (1.0 - params.limit_through),
+        h1 > limit_px * (1.0 + params.limit_through),
+    )
     limit_fill = gap | through
 
     is_market = order == 0

@@ -124,6 +124,7 @@ def epoch_record(
     record.update(
         lr=sched.lr,
         restart=sched.restart,
+        kappa=sched.kappa,
         eval_q_std=run.eval_q_std_ema,
         plateau_epochs=rep.plateau_epochs,
         detector=rep.fired,

@@ -64,10 +64,14 @@ def finish(
         name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in SPLITS}
         for name in table.index
     }
+    if baselines.oracle_execution(table) is not None:
+        base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
+    # the equity plot draws the baselines, not each of the oracle's executions
+    drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
     results.write_baseline_equity(
         run_dir / "baselines_test.csv",
         logs["test"][0]["date"],
-        {name: base_logs[(name, "test")]["equity"].to_numpy() for name in table.index},
+        {name: base_logs[(name, "test")]["equity"].to_numpy() for name in drawn},
     )
 
     mean = lambda split: {

@@ -28,6 +28,7 @@ from jaxdqn.agent import iteration, optim
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import Config
+from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.market import market as market_lib
 from jaxdqn.program import checkpoint, plateau
 from jaxdqn.program import logger as logger_lib
@@ -106,6 +107,11 @@ class Trainer:
             )
         else:
             (self.run_dir / "config.yaml").write_text(config_lib.dump(self.cfg))
+            a = self.agent
+            self.log.note(
+                f"reward scale {a.reward_scale:.6g} ({self.cfg.loss.reward_scale}); reward unit "
+                f"{a.reward_unit:.6g} in Q (every Q threshold is relative to it)"
+            )
             run = RunState()
             self.ckpt.save(0, state, run.to_json(), math.nan)
         self._start_wall = time.time() - run.wall_time
@@ -167,7 +173,8 @@ class Trainer:
         val_sharpe = float(np.mean([r.metrics["sharpe"] for r in results]))
         run.eval_q_std_ema = self.agent.dynamics.next_eval_q_std(run.eval_q_std_ema, spread)
         q_gap = np.asarray(jax.device_get(state.dynamics.q_gap)).mean(axis=0)
-        run.plateau, rep = plateau.observe(run.plateau, val_sharpe, tuple(q_gap), tc)
+        se = metrics_lib.sharpe_se(val_sharpe, len(results[0].log), cfg.eval.periods_per_year)
+        run.plateau, rep = plateau.observe(run.plateau, val_sharpe, tuple(q_gap), tc, sharpe_se=se)
         done = run.epoch + 1
         if rep.action == "reset_branches":
             state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))

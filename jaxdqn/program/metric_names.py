@@ -9,8 +9,9 @@ One record per epoch (:class:`jaxdqn.program.logger.RunLogger`), made of four gr
   iteration's ``U`` updates.
 * :data:`HOST` — what the epoch loop adds: schedule, plateau detection (O5), its actions (O4,
   O6), fault and checkpoint counters, throughput.
-* :data:`VALIDATION` — ``val_<metric>`` of the epoch's deterministic validation walk (A1 with a
-  fixed key), :func:`jaxdqn.evaluation.metrics.performance` of each seed, averaged over seeds.
+* :data:`VALIDATION` — ``val_<metric>`` of the epoch's deterministic validation walk
+  (``eval.policy``: greedy by default), :func:`jaxdqn.evaluation.metrics.performance` of each
+  seed, averaged over seeds.
 * :data:`POPULATION` — only in runs of ``S > 1`` seeds.
 
 Shapes: ``[4]`` is per branch (:data:`jaxdqn.branches.BRANCHES`). With ``S > 1`` seeds every
@@ -59,10 +60,11 @@ AGENT: dict[str, str] = {
     "priority_max": "L8 largest per-sample priority of the batch",
     "is_weight_mean": "L8 mean importance-sampling weight of the batch",
     "td_target_mean": "mean scalar TD target of the batch",
+    "end_atom_mass": "L7 mean projected target mass on the two end atoms (clipped coverage)",
     # iteration (acting and replay)
     "learning": "fraction of iterations whose learner ran (replay warm)",
     "reward_mean": "mean per-bar reward of the rollouts",
-    "reward_std_ema": "L5 EMA of the acting rewards' std",
+    "reward_std_ema": "L5 EMA of the std of the n-step rewards written to replay",
     "episodes_done": "episodes finished per iteration",
     "episode_return_sum": "sum of the finished episodes' returns per iteration",
     "position_abs_mean": "mean |position| held over the rollouts",
@@ -77,6 +79,7 @@ HOST: dict[str, str] = {
     "wall_time": "seconds of training so far (summed over resumed processes)",
     "lr": "O2 SGDR learning rate of the epoch",
     "restart": "O2 an SGDR cycle restarted at this epoch (O3 moment scaling applied)",
+    "kappa": "A1 temperature factor κ of the epoch's training exploration",
     "eval_q_std": "[S] M14 EMA of the validation Q spread (host input of the dynamics)",
     "plateau_epochs": "O5 consecutive epochs on which a plateau detector fired",
     "detector": "O5 detector that fired: none, q_gap, sharpe or both",

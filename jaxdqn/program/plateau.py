@@ -7,10 +7,13 @@ Host-side and pure: :func:`observe` maps ``(PlateauState, epoch metrics)`` to a 
 Per epoch ``e`` with validation Sharpe ``s_e`` and the four per-branch Q-gap EMAs ``g_e[b]``
 (branches direction, magnitude, order, urgency):
 
-* velocity ``v_e[b] = g_e[b] − g_{e−1}[b]``; branch ``b`` is *frozen* when ``|v_e[b]| < ε_v``
-  (``plateau_velocity_eps``);
+* velocity ``v_e[b] = g_e[b] − g_{e−1}[b]``; branch ``b`` is *frozen* when
+  ``|v_e[b]| < ε_v · max(|g_{e−1}[b]|, 1e-12)`` (``plateau_velocity_eps``, relative: Q's units
+  are the reward scale's, so an absolute ε would mean different things in different runs);
 * the **Q-gap detector** fires when every branch is frozen;
-* the **Sharpe detector** fires when ``|s_e − s_{e−1}| < ε_s`` (``plateau_sharpe_eps``);
+* the **Sharpe detector** fires when ``|s_e − s_{e−1}| < ε_s · SE`` (``plateau_sharpe_eps``)
+  with SE the standard error of the val Sharpe (:func:`jaxdqn.evaluation.metrics.sharpe_se`;
+  ≈ 0.65 on 600 daily bars, so a fixed 0.01 could never tell a plateau from noise);
 * ``plateau_epochs`` counts consecutive epochs on which either detector fired and returns to 0
   on the first epoch on which neither did;
 * action ``"reset_branches"`` (O4) exactly when ``plateau_epochs == plateau_threshold`` and
@@ -100,8 +103,8 @@ class PlateauReport:
 
     Attributes:
       fired: which detector fired: ``"none"``, ``"q_gap"``, ``"sharpe"`` or ``"both"``.
-      frozen: per branch, ``|velocity[b]| < plateau_velocity_eps`` (all ``False`` when there is
-        no previous Q-gap).
+      frozen: per branch, the relative velocity below ``plateau_velocity_eps`` (all ``False``
+        when there is no previous Q-gap).
       velocity: per-branch Q-gap change since the previous epoch (NaN when there is none).
       sharpe_delta: ``val_sharpe − prev_sharpe`` (NaN when there is none or either is NaN).
       plateau_epochs: the counter after this epoch.
@@ -141,6 +144,8 @@ def observe(
     val_sharpe: float,
     q_gap: Sequence[float],
     cfg: TrainConfig,
+    *,
+    sharpe_se: float,
 ) -> tuple[PlateauState, PlateauReport]:
     """One epoch of O5 detection and the O4/O6 decision (see the module docstring).
 
@@ -151,6 +156,7 @@ def observe(
         ``[4]`` array; converted to Python floats).
       cfg: ``plateau_threshold``, ``plateau_velocity_eps``, ``plateau_sharpe_eps``,
         ``branch_reset`` and ``rewind`` are read.
+      sharpe_se: the standard error of ``val_sharpe`` (the Sharpe detector's unit).
 
     Returns:
       ``(new_state, report)``. ``new_state.resets`` is incremented when the action is
@@ -168,14 +174,18 @@ def observe(
     else:
         velocity = tuple(g - p for g, p in zip(gap, state.prev_q_gap, strict=True))
         # abs(nan) < eps is False: a NaN velocity never counts as frozen.
-        frozen = tuple(abs(v) < cfg.plateau_velocity_eps for v in velocity)
+        eps = cfg.plateau_velocity_eps
+        frozen = tuple(
+            abs(v) < eps * max(abs(p), 1e-12)
+            for v, p in zip(velocity, state.prev_q_gap, strict=True)
+        )
     q_fired = state.prev_q_gap is not None and all(frozen)
 
     if state.prev_sharpe is None:
         sharpe_delta, s_fired = math.nan, False
     else:
         sharpe_delta = sharpe - state.prev_sharpe
-        s_fired = _same_sharpe(state.prev_sharpe, sharpe, cfg.plateau_sharpe_eps)
+        s_fired = _same_sharpe(state.prev_sharpe, sharpe, cfg.plateau_sharpe_eps * sharpe_se)
 
     fired: Fired = {
         (False, False): "none",

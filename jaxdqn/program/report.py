@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from jaxdqn.branches import ACTION_NAMES
+from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
 from jaxdqn.program import metric_names, plots
 from jaxdqn.program.formats import clock
@@ -76,8 +78,10 @@ def _as_float(v: Any) -> float:
         return float("nan")
 
 
-def _table(rows: Sequence[tuple[str, Mapping[str, str]]], columns: Sequence[str]) -> str:
-    head = "| strategy | " + " | ".join(columns) + " |"
+def _table(
+    rows: Sequence[tuple[str, Mapping[str, str]]], columns: Sequence[str], first: str = "strategy"
+) -> str:
+    head = f"| {first} | " + " | ".join(columns) + " |"
     rule = "| --- | " + " | ".join("---:" for _ in columns) + " |"
     body = [
         f"| {name} | " + " | ".join(cells.get(c, "") for c in columns) + " |"
@@ -102,7 +106,11 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
         if agent is None and not any(seed_dicts):
             lines += [f"### {split}", "", f"_The agent has not been evaluated on {split}._", ""]
             continue
-        base_dicts = {name: (b.get(split) or {}) for name, b in baselines.items()}
+        base_dicts = {
+            _baseline_label(name, b): (b.get(split) or {})
+            for name, b in baselines.items()
+            if name not in ORACLE_EXECUTIONS
+        }
         columns = _metric_columns([agent or {}, *seed_dicts, *base_dicts.values()])
         rows: list[tuple[str, dict[str, str]]] = []
         if len(seeds) > 1:
@@ -128,7 +136,40 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
         for name, d in base_dicts.items():
             rows.append((name, {m: _num(d.get(m)) if d else "" for m in columns}))
         lines += [f"### {split}", "", _table(rows, columns), ""]
-    return lines
+    return lines + _oracle_executions(baselines)
+
+
+def _baseline_label(name: str, entry: Mapping[str, Any]) -> str:
+    """``oracle (best execution on val: limit, low urgency)`` for the oracle, else ``name``."""
+    execution = entry.get("execution")
+    if name != "oracle" or not isinstance(execution, str):
+        return name
+    words = describe_execution(execution) if execution in ORACLE_EXECUTIONS else execution
+    return f"oracle (best execution on val: {words})"
+
+
+def _oracle_executions(baselines: Mapping[str, Any]) -> list[str]:
+    """The oracle's Sharpe per order type (rows) and urgency (columns), ``val / test``; the
+    execution chosen on val in bold. Empty when the summary has no execution rows."""
+    if not any(name in baselines for name in ORACLE_EXECUTIONS):
+        return []
+    chosen = (baselines.get("oracle") or {}).get("execution")
+    urgencies = ACTION_NAMES["urgency"]
+    cells: dict[str, dict[str, str]] = {}
+    for name, (order, urgency) in ORACLE_EXECUTIONS.items():
+        entry = baselines.get(name) or {}
+        text = " / ".join(_num((entry.get(split) or {}).get("sharpe")) for split in SPLITS)
+        row = cells.setdefault(ACTION_NAMES["order"][order].replace("_", "-"), {})
+        row[urgencies[urgency]] = f"**{text}**" if name == chosen else text
+    return [
+        f"### Oracle by execution (Sharpe, {' / '.join(SPLITS)})",
+        "",
+        "The oracle's direction at full size through every execution; the **oracle** row above "
+        "is the one with the best val Sharpe (in bold; never chosen on test).",
+        "",
+        _table(list(cells.items()), urgencies, first="order \\ urgency"),
+        "",
+    ]
 
 
 def _config_rows(cfg: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -219,7 +260,9 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     """Write ``report.md`` and its PNG plots into ``run_dir``; returns the report's path.
 
     Sections: run header (config essentials, epochs, wall time, best checkpoint, throughput),
-    metrics tables (agent vs every baseline on val and test, from ``summary.json``), equity
+    metrics tables (agent vs every baseline on val and test, from ``summary.json``; the oracle
+    is named with its execution chosen on val and, in a small table, listed per order type and
+    urgency), equity
     and drawdown against the baselines per split, training curves (loss parts, val Sharpe
     with the best epoch, learning rate with SGDR restarts / branch resets / rewinds, per-branch
     Q-gaps, atom utilisation). A missing input skips its part with a note in the report.

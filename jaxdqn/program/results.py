@@ -19,6 +19,9 @@
       "test": {metric: float|null}, # its test metrics (optional: absent until evaluated)
       "baselines": {                # optional; every baseline through the same environment
         name: {"val": {metric: float|null}, "test": {metric: float|null}}, ...
+        # on the synthetic market also "oracle_<order>_<urgency>" (each execution of the
+        # oracle's direction), and "oracle" carries "execution": the name of the one it copies
+        # (best val Sharpe; jaxdqn.evaluation.baselines.run_baselines)
       },
       "seeds": [                    # optional; one entry per seed of a population run
         {"seed": int, "best_epoch": int|null, "best_step": int|null,
@@ -106,6 +109,8 @@ def _validate_summary(s: Mapping[str, Any]) -> None:
     for name, b in (s.get("baselines") or {}).items():
         if not isinstance(b, Mapping):
             raise ValueError(f"summary.baselines.{name}: expected {{'val': ..., 'test': ...}}")
+        if b.get("execution") is not None and not isinstance(b["execution"], str):
+            raise ValueError(f"summary.baselines.{name}.execution: expected a baseline name")
         for split in SPLITS:
             if b.get(split) is not None:
                 _check_metrics(f"baselines.{name}.{split}", b[split])

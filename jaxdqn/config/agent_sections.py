@@ -1,0 +1,187 @@
+"""The agent's config sections: acting (A1–A3), replay (L8), optim (O1–O3), loss (L1–L6),
+dynamics (L7, M14, EMAs) and kernels (P1, P2). See :mod:`jaxdqn.config.sections` for the table
+of every section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxdqn.config.fields import BACKENDS, _f
+
+__all__ = [
+    "ActingConfig",
+    "DynamicsConfig",
+    "KernelsConfig",
+    "LossConfig",
+    "OptimConfig",
+    "ReplayConfig",
+]
+
+
+@dataclass(frozen=True)
+class ActingConfig:
+    """The acting half of the iteration (A1–A3): vectorised environments and their steps."""
+
+    num_envs: int = _f(64, "E: environments acting in parallel (vmapped)", lo=1)
+    steps: int = _f(8, "K: environment steps per iteration (acting scan)", lo=1)
+    iqn_blend: bool = _f(True, "A2: act on Q90 blended toward Q10 by iqn_readiness (off: E[Q])")
+    iqn_readiness: float = _f(0.0, "A2: initial readiness (host-set each epoch)", lo=0.0, hi=1.0)
+    iqn_readiness_end: float = _f(
+        0.5,
+        "A2: readiness reached after iqn_readiness_epochs (seed: 1, acting on Q10 alone, which "
+        "made the behaviour policy flat and starved replay of directional data)",
+        lo=0.0,
+        hi=1.0,
+    )
+    iqn_readiness_epochs: int = _f(
+        20, "A2: epochs over which iqn_readiness ramps linearly to iqn_readiness_end", lo=1
+    )
+    position_sizing: bool = _f(True, "A3: scale positions by 1/(1+sqrt(Var[Q]))")
+    kappa_start: float = _f(
+        1.0, "A1: temperature factor kappa at epoch 0 (tau = kappa * max(Q gap, floor))", lo=1e-3
+    )
+    kappa_end: float = _f(0.25, "A1: kappa reached after kappa_epochs (then constant)", lo=1e-3)
+    kappa_epochs: int = _f(20, "A1: epochs over which kappa moves linearly to kappa_end", lo=1)
+    tau_floor: float = _f(
+        0.01,
+        "A1/L2: temperature floor in reward units (x the reward unit: 1 with reward_scale auto)",
+        lo=1e-9,
+    )
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Prioritised replay on device and the learner's sample from it (L8)."""
+
+    capacity: int = _f(32768, "replay capacity in transitions", lo=16)
+    learning_starts: int = _f(1024, "transitions in replay before the first update", lo=1)
+    batch_size: int = _f(128, "B: transitions per learner update", lo=2)
+    prioritised: bool = _f(True, "L8: prioritised replay (off: uniform sampling)")
+    priority_alpha: float = _f(0.6, "L8: priority exponent", lo=0.0, hi=1.0)
+    priority_beta0: float = _f(0.4, "L8: initial importance-sampling exponent", lo=0.0, hi=1.0)
+    beta_anneal_updates: int = _f(20000, "L8: updates over which beta anneals to 1", lo=1)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimisers (O1), learner updates per iteration, and the SGDR schedule (O2, O3)."""
+
+    updates: int = _f(4, "U: learner updates per iteration (learner scan)", lo=1)
+    lr: float = _f(
+        3.0e-4, "O1/O2: base learning rate of the main Adam (trunk and branches)", lo=0.0
+    )
+    clip_norm: float = _f(10.0, "O1: global-norm gradient clip of the main Adam", lo=1e-6)
+    aux_lr: float = _f(1.0e-4, "L6/O1: learning rate of the auxiliary Adam", lo=0.0)
+    xlstm_lr: float = _f(1.0e-4, "L6/O1: learning rate of the xLSTM SGD", lo=0.0)
+    sgdr_period: int = _f(20, "O2: epochs per cosine cycle T", lo=1)
+    sgdr_floor: float = _f(0.1, "O2: cycle's final learning rate as a fraction of base", lo=0, hi=1)
+    restart_moment_scale: float = _f(0.5, "O3: Adam mu/nu factor at each restart", lo=0, hi=1)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The learner's targets and losses (L1–L6) and the target network (L2)."""
+
+    gamma: float = _f(
+        0.9,
+        "discount per bar (0.9 for daily bars: a one-bar signal drowns under 0.99)",
+        lo=0.0,
+        hi=1.0,
+    )
+    n_step: int = _f(3, "n of the n-step return (bootstrap with gamma^n)", lo=1, hi=64)
+    reward_scale: float | str = _f(
+        "auto",
+        "learning rewards = reward_scale x log equity return; auto: 1 / std of the train split's "
+        "daily log returns (Q in units of one day's return std; every Q threshold is relative "
+        "to this reward unit)",
+    )
+    sampled_target: bool = _f(
+        True, "L2: sample the next action from softmax(E[Q']/tau) (off: argmax, plain DQN)"
+    )
+    target_update: str = _f(
+        "polyak",
+        "L2: target network update: polyak (soft, rate polyak_tau; steadier validation, "
+        "docs/LEARNING.md) or hard (copy every target_period updates)",
+        choices=("hard", "polyak"),
+    )
+    target_period: int = _f(200, "L2: updates between hard target copies", lo=1)
+    polyak_tau: float = _f(0.005, "L2: Polyak rate of the soft target update", lo=0.0, hi=1.0)
+    spread: bool = _f(True, "L3: spread surrogate on the action logits")
+    spread_branch_scale: tuple[float, ...] = _f(
+        (1.0, 0.5, 0.25, 0.25),
+        "L3: per-branch spread weight (direction, magnitude, order, urgency)",
+    )
+    spread_weight: float = _f(
+        0.1, "L3: overall weight of the bounded spread surrogate (per sample)", lo=0.0
+    )
+    spread_max_gap: float = _f(
+        0.1,
+        "L3: the spread push fades linearly to 0 as a sample's branch Q-gap reaches this many "
+        "reward units (it only keeps actions from collapsing together)",
+        lo=1e-6,
+    )
+    entropy: bool = _f(True, "L4: entropy bonus with the atom-utilisation ramp")
+    entropy_base: float = _f(0.01, "L4: base entropy coefficient", lo=0.0)
+    rank_rewards: bool = _f(True, "L5: rank-normalise batch rewards")
+    aux_training: bool = _f(True, "L6: train denoiser, selectivity, coordination and xLSTM")
+
+
+@dataclass(frozen=True)
+class DynamicsConfig:
+    """Training statistics (one owner: ``jaxdqn.agent.dynamics``): EMAs, L7, M14."""
+
+    stats_alpha: float = _f(0.01, "EMA rate of reward std, utilisation and Q statistics", lo=0.0)
+    eval_q_std_alpha: float = _f(
+        0.3, "M14: EMA rate of the validation Q spread (host-side, once per epoch)", lo=0.0, hi=1.0
+    )
+    adaptive_support: bool = _f(True, "L7: EMA-tracked support (off: fixed support)")
+    support_half_width: float = _f(
+        10.0,
+        "L7: fixed support half-width in reward units (adaptive: the first batch sets it)",
+        lo=1e-6,
+    )
+    support_sigmas: float = _f(
+        5.0,
+        "L7: half-width = this many return std sigma_G = std(n-step rewards)/sqrt(1-gamma^2n)",
+        lo=0.5,
+    )
+    support_min_half_width: float = _f(0.5, "L7: smallest half-width, in reward units", lo=1e-6)
+    support_alpha: float = _f(0.01, "L7: base EMA rate of the support", lo=0.0, hi=1.0)
+    support_max_alpha: float = _f(0.5, "L7: EMA rate for abnormal shifts", lo=0.0, hi=1.0)
+    liquid: bool = _f(True, "M14: liquid time constants scaling the spread term")
+    liquid_alpha_min: float = _f(
+        0.01, "M14: Q-gap EMA rate when the gap moves as expected", lo=1e-6, hi=1.0
+    )
+    liquid_alpha_max: float = _f(
+        0.5, "M14: Q-gap EMA rate approached under large relative surprise", lo=1e-6, hi=1.0
+    )
+    liquid_tau_min: float = _f(2.0, "M14: time constant of a stuck branch (updates)", lo=1e-3)
+    liquid_tau_max: float = _f(50.0, "M14: time constant of a fast-learning branch", lo=1e-3)
+    liquid_velocity_ref: float = _f(
+        0.01, "M14: relative Q-gap velocity per update at which tau is ~76% of the way up", lo=1e-9
+    )
+    liquid_dt: float = _f(1.0, "M14: ODE time step per update", lo=1e-6)
+    liquid_rk4_threshold: float = _f(
+        1.0, "M14: RK4 instead of Euler when the xLSTM context norm exceeds this", lo=0.0
+    )
+    liquid_gap_mult: float = _f(10.0, "M14: target_gap = max(mult * eval_q_std_ema, floor)", lo=0.0)
+    liquid_gap_floor: float = _f(
+        0.05,
+        "M14: floor of the spread amplifier's target gap, in reward units (the target is also "
+        "capped at L3's loss.spread_max_gap)",
+        lo=0.0,
+    )
+    liquid_max: float = _f(4.0, "M14: clip of the spread amplifier and of liquid_mod", lo=1e-3)
+
+
+@dataclass(frozen=True)
+class KernelsConfig:
+    """Which implementation runs each Pallas kernel (auto: Pallas on GPU, jnp elsewhere)."""
+
+    projection: str = _f(
+        "reference",
+        "P1: C51 projection; the jnp scatter reference measured faster than the Pallas kernel "
+        "on the H200 (bench/RESULTS.md)",
+        choices=BACKENDS,
+    )
+    kan: str = _f("auto", "P2: KAN spline gate (M4)", choices=BACKENDS)
