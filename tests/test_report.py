@@ -175,6 +175,8 @@ def test_e3_report_single_seed(tmp_path):
 
     # Header: config essentials, epochs and wall time (3725 s = 1:02:05), best checkpoint.
     assert "| components off | model.vsn |" in text
+    learning = "| learning | γ 0.9, n-step 3, reward scale auto, target polyak, evaluation greedy |"
+    assert learning in text
     assert "| epochs / wall time | 6 / 1:02:05 (3725 s) |" in text
     assert "| best checkpoint | epoch 4, step 1234 |" in text
     assert "| jax_version | 0.10.2 |" in text

@@ -216,6 +216,12 @@ def _config_rows(cfg: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         ),
         ("components off", ", ".join(off) if off else "none (all on)"),
         (
+            "learning",
+            f"γ {get('loss.gamma')}, n-step {get('loss.n_step')}, reward scale "
+            f"{get('loss.reward_scale')}, target {get('loss.target_update')}, evaluation "
+            f"{get('eval.policy')}",
+        ),
+        (
             "costs",
             f"half-spread {get('env.half_spread_bps')} bps, commission "
             f"{get('env.commission_bps')} bps, max leverage {get('env.max_leverage')}",
