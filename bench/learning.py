@@ -72,11 +72,6 @@ def _records(run: Path) -> list[dict]:
     return out
 
 
-def _col(records: list[dict], key: str) -> np.ndarray:
-    vals = [r.get(key) for r in records]
-    return np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
-
-
 def table(run: Path) -> str:
     """The report of one finished run directory (see the module docstring)."""
     s = json.loads((run / "summary.json").read_text())

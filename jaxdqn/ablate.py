@@ -23,6 +23,7 @@ import concurrent.futures
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxdqn.config import ConfigError
+from jaxdqn.config import ALL_OFF, ConfigError
 from jaxdqn.program import cli
 
 __all__ = ["VARIANTS", "verdict"]
@@ -55,14 +56,8 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "no_adaptive_support": ("L7", ("dynamics.adaptive_support=false",)),
     "no_iqn_blend": ("A2", ("acting.iqn_blend=false",)),
     "no_position_sizing": ("A3", ("acting.position_sizing=false",)),
-    "all_off": ("all", ()),  # filled from config.ALL_OFF below
+    "all_off": ("all", tuple(ALL_OFF)),
 }
-
-
-def _all_off() -> tuple[str, ...]:
-    from jaxdqn.config import ALL_OFF
-
-    return tuple(ALL_OFF)
 
 
 def verdict(diff: float, se: float) -> str:
@@ -80,14 +75,12 @@ def _run_variant(name: str, base: list[str], out: Path) -> tuple[str, int]:
     run = out / name
     if (run / "summary.json").exists():
         return name, 0
-    overrides = list(_all_off() if name == "all_off" else VARIANTS[name][1])
+    overrides = list(VARIANTS[name][1])
     if (run / "checkpoints").exists():
         cmd = [sys.executable, "-m", "jaxdqn.train", "--resume", str(run), "--no-progress"]
     else:
         if run.exists():  # created but nothing saved yet: nothing to keep
-            for p in sorted(run.rglob("*"), reverse=True):
-                p.unlink() if p.is_file() else p.rmdir()
-            run.rmdir()
+            shutil.rmtree(run)
         cmd = [sys.executable, "-m", "jaxdqn.train", *base, *overrides]
         cmd += ["--run-dir", str(run), "--no-progress"]
     with open(out / f"{name}.log", "a") as log:
