@@ -1,7 +1,8 @@
 """``python -m jaxdqn.ablate [--config PATH] [--out DIR] [--jobs N] [--only A,B] [key=value ...]``
 
-Ablation of the agent's components: the run with every component on, each of M2, M4, M5,
-M8–M14, L2–L5, L7, A2 and A3 switched off alone, and all of them off, each a population of
+Ablation of the agent's components: the run with every component on (L3 included, which is
+off by default), each of M2, M4, M5, M8–M14, L2–L5, L7, A2 and A3 switched off alone, all of
+them off, and the config as shipped (``defaults``), each a population of
 ``train.num_seeds`` seeds (3 unless overridden) trained by ``python -m jaxdqn.train`` with the
 same config. Every run keeps its own directory ``DIR/<variant>`` (a full run directory: report,
 metrics, checkpoints); an interrupted ablation started again with the same ``--out`` skips the
@@ -31,32 +32,39 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxdqn.config import ALL_OFF, ConfigError
+from jaxdqn.config import ALL_OFF, ALL_ON, ConfigError
 from jaxdqn.program import cli
 
 __all__ = ["VARIANTS", "verdict"]
 
-#: variant name → (SPEC IDs, overrides). "all_on" is the reference of every comparison.
+#: variant name → (SPEC IDs switched off, the component overrides). Every variant except
+#: ``defaults`` starts from :data:`ALL_ON` (components that are off by default, L3, are switched
+#: on), so "each off alone" is measured against every component on; ``defaults`` is the config
+#: as shipped. "all_on" is the reference of every comparison.
+_ALONE: dict[str, tuple[str, str]] = {
+    "no_vsn": ("M2", "model.vsn"),
+    "no_kan": ("M4", "model.kan"),
+    "no_dir_conditioning": ("M5", "model.dir_conditioning"),
+    "no_q_centering": ("M8", "model.q_centering"),
+    "no_q_attention": ("M9", "model.q_attention"),
+    "no_graph": ("M10", "model.graph"),
+    "no_denoiser": ("M11", "model.denoiser"),
+    "no_selectivity": ("M12", "model.selectivity"),
+    "no_xlstm": ("M13", "model.xlstm"),
+    "no_liquid": ("M14", "dynamics.liquid"),
+    "no_sampled_target": ("L2", "loss.sampled_target"),
+    "no_spread": ("L3", "loss.spread"),
+    "no_entropy": ("L4", "loss.entropy"),
+    "no_rank_rewards": ("L5", "loss.rank_rewards"),
+    "no_adaptive_support": ("L7", "dynamics.adaptive_support"),
+    "no_iqn_blend": ("A2", "acting.iqn_blend"),
+    "no_position_sizing": ("A3", "acting.position_sizing"),
+}
 VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "all_on": ("-", ()),
-    "no_vsn": ("M2", ("model.vsn=false",)),
-    "no_kan": ("M4", ("model.kan=false",)),
-    "no_dir_conditioning": ("M5", ("model.dir_conditioning=false",)),
-    "no_q_centering": ("M8", ("model.q_centering=false",)),
-    "no_q_attention": ("M9", ("model.q_attention=false",)),
-    "no_graph": ("M10", ("model.graph=false",)),
-    "no_denoiser": ("M11", ("model.denoiser=false",)),
-    "no_selectivity": ("M12", ("model.selectivity=false",)),
-    "no_xlstm": ("M13", ("model.xlstm=false",)),
-    "no_liquid": ("M14", ("dynamics.liquid=false",)),
-    "no_sampled_target": ("L2", ("loss.sampled_target=false",)),
-    "no_spread": ("L3", ("loss.spread=false",)),
-    "no_entropy": ("L4", ("loss.entropy=false",)),
-    "no_rank_rewards": ("L5", ("loss.rank_rewards=false",)),
-    "no_adaptive_support": ("L7", ("dynamics.adaptive_support=false",)),
-    "no_iqn_blend": ("A2", ("acting.iqn_blend=false",)),
-    "no_position_sizing": ("A3", ("acting.position_sizing=false",)),
+    "all_on": ("-", tuple(ALL_ON)),
+    **{name: (spec, (*ALL_ON, f"{key}=false")) for name, (spec, key) in _ALONE.items()},
     "all_off": ("all", tuple(ALL_OFF)),
+    "defaults": ("as shipped", ()),
 }
 
 

@@ -14,8 +14,8 @@ from jaxdqn.config import ALL_OFF, SWITCHES
 
 
 def test_ablation_has_one_variant_per_component_switch_and_all_off():
-    alone = {k: v for k, v in ablate.VARIANTS.items() if k != "all_off"}
-    switched = {o.split("=")[0] for _, overrides in alone.values() for o in overrides}
+    alone = {k: v for k, v in ablate.VARIANTS.items() if k.startswith("no_")}
+    switched = {o.split("=")[0] for _, overrides in alone.values() for o in overrides[-1:]}
     every = {f"{section}.{k}" for section, keys in SWITCHES.items() for k in keys}
     # L6 (aux_training) is not among the issue's ablations; every other switch is.
     assert every - switched == {"loss.aux_training"}
@@ -26,6 +26,19 @@ def test_ablation_has_one_variant_per_component_switch_and_all_off():
         assert spec in ids
     assert "loss.sampled_target=false" in ALL_OFF
     assert ablate.VARIANTS["all_off"][1] == tuple(ALL_OFF)
+    assert ablate.VARIANTS["defaults"][1] == ()
+
+
+def test_ablation_switches_each_component_off_from_all_on():
+    """L3 is off by default, so "all on" and every "off alone" start from ALL_ON: each variant
+    differs from all_on in exactly its own switch."""
+    on = dict(o.split("=") for o in ablate.VARIANTS["all_on"][1])
+    assert on == {k: "true" for k in on} and "loss.spread" in on
+    for name, (_, overrides) in ablate.VARIANTS.items():
+        if not name.startswith("no_"):
+            continue
+        cfg = dict(o.split("=") for o in overrides)  # the later override wins, as in load
+        assert {k for k in on if cfg[k] != on[k]} == {overrides[-1].split("=")[0]}
 
 
 @pytest.mark.parametrize(
@@ -92,6 +105,7 @@ def test_ablation_end_to_end_on_the_smoke_config_and_resumes_by_skipping(tmp_pat
     assert set(rows) == {"all_on", "no_kan"} and rows["no_kan"]["n"] == 2
     saved = yaml.safe_load((out / "no_kan" / "config.yaml").read_text())
     assert saved["model"]["kan"] is False and saved["train"]["num_seeds"] == 2
+    assert saved["loss"]["spread"] is True  # off by default, on in every "off alone" variant
     assert "| no_kan | M4 |" in (out / "ablation.md").read_text()
     stamp = (out / "no_kan" / "summary.json").stat().st_mtime_ns
     assert ablate.main(args) == 0  # finished variants are skipped, not retrained

@@ -174,7 +174,7 @@ def test_e3_report_single_seed(tmp_path):
     _assert_pngs(images)
 
     # Header: config essentials, epochs and wall time (3725 s = 1:02:05), best checkpoint.
-    assert "| components off | model.vsn |" in text
+    assert "| components off | loss.spread, model.vsn |" in text  # L3: off by default
     learning = "| learning | γ 0.9, n-step 3, reward scale auto, target polyak, evaluation greedy |"
     assert learning in text
     assert "| epochs / wall time | 6 / 1:02:05 (3725 s) |" in text

@@ -4,6 +4,7 @@ YAML with dotted ``key=value`` overrides (:mod:`.loading`). Read by every layer.
 from jaxdqn.config.loading import MOVED, commented_yaml, describe, dump, load, to_dict
 from jaxdqn.config.sections import (
     ALL_OFF,
+    ALL_ON,
     SWITCHES,
     ActingConfig,
     BaselineConfig,
@@ -25,6 +26,7 @@ from jaxdqn.config.sections import (
 
 __all__ = [
     "ALL_OFF",
+    "ALL_ON",
     "MOVED",
     "SWITCHES",
     "ActingConfig",

@@ -106,7 +106,12 @@ class LossConfig:
     )
     target_period: int = _f(200, "L2: updates between hard target copies", lo=1)
     polyak_tau: float = _f(0.005, "L2: Polyak rate of the soft target update", lo=0.0, hi=1.0)
-    spread: bool = _f(True, "L3: spread surrogate on the action logits")
+    spread: bool = _f(
+        False,
+        "L3: spread surrogate on the action logits (off by default: it pushes up the actions the "
+        "behaviour takes, so a drift learned first becomes a bias in every state; "
+        "docs/LEARNING.md)",
+    )
     spread_branch_scale: tuple[float, ...] = _f(
         (1.0, 0.5, 0.25, 0.25),
         "L3: per-branch spread weight (direction, magnitude, order, urgency)",

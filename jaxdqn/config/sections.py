@@ -43,6 +43,7 @@ from jaxdqn.config.fields import ConfigError, _f, _sub
 
 __all__ = [
     "ALL_OFF",
+    "ALL_ON",
     "SWITCHES",
     "ActingConfig",
     "BaselineConfig",
@@ -287,6 +288,8 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 }
 ALL_OFF = tuple(f"{section}.{k}=false" for section, keys in SWITCHES.items() for k in keys)
 """Overrides that switch every component off (``load(path, [*ALL_OFF, ...])``)."""
+ALL_ON = tuple(f"{section}.{k}=true" for section, keys in SWITCHES.items() for k in keys)
+"""Overrides that switch every component on, including those off by default (L3)."""
 
 
 def check_cross_fields(cfg: Config) -> None:
