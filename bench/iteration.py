@@ -41,6 +41,20 @@ def timed(fn, *args, repeats: int = 5):
     return statistics.median(times), out
 
 
+def time_calls(compiled, state, repeats: int = 5):
+    """Median wall time (s) of ``repeats`` calls ``state, _ = compiled(state)`` (a donated,
+    compiled scan of learner updates) after one warm-up call; returns it and the last state."""
+    state, _ = compiled(state)
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        state, _ = compiled(state)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), state
+
+
 def matmul_rate(n: int) -> float:
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     f = jax.jit(lambda x: x @ x)
@@ -83,15 +97,8 @@ def bench_learner(base, extra, batch, updates, prepared, envs):
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     flops = float(cost.get("flops", float("nan"))) / updates
-    times = []
-    state, _ = compiled(state)
-    jax.block_until_ready(state)
-    for _ in range(5):
-        t = time.perf_counter()
-        state, _ = compiled(state)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t)
-    return updates / statistics.median(times), flops, compile_s
+    median_s, _ = time_calls(compiled, state)
+    return updates / median_s, flops, compile_s
 
 
 def bench_acting(base, extra, envs, steps, prepared):

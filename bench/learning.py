@@ -6,6 +6,7 @@ learned and how stable it stayed.
     python bench/learning.py C          # H200: gpu.yaml sizes on the S&P 500, 5 seeds, 30 epochs
     python bench/learning.py D          # CPU: the default run (python -m jaxdqn.train)
     python bench/learning.py E          # CPU: configs/synthetic.yaml on another planted signal
+    python bench/learning.py E1         # CPU: the first E, now a development case
     python bench/learning.py A --runs DIR [key=value ...]   # keep the run in DIR, add overrides
 
 Each case runs ``python -m jaxdqn.train`` in a fresh run directory and reads back what the run
@@ -20,8 +21,8 @@ table, printed last, has one row per seed and the population mean ± std:
 and the stability checks: non-finite faults, the smallest support half-width after the first
 epoch against its floor (``dynamics.support_min_half_width`` × the reward unit), the largest
 epoch-mean end-atom mass after the first epoch, and the largest per-branch Q-gap in reward
-units against L3's bound ``loss.spread_max_gap`` (L3 stops pushing there; a larger gap comes
-from the Bellman targets themselves).
+units, against L3's bound ``loss.spread_max_gap`` when L3 is on (it stops pushing there; a
+larger gap comes from the Bellman targets themselves) and against the support's half-width.
 """
 
 from __future__ import annotations
@@ -47,11 +48,23 @@ CASES: dict[str, list[str]] = {
         "configs/gpu.yaml",
         "train.num_seeds=5",
         "train.epochs=30",
-        "train.iterations_per_epoch=30",
+        "train.iterations_per_epoch=20",
     ],
     "D": [],
-    # Not tuned on: another persistence, volatility and drift of the planted AR(1) signal.
+    # Not tuned on: another persistence, volatility and drift of the planted AR(1) signal,
+    # chosen before any run on it (2026-12-01) and run once with the final defaults.
     "E": [
+        "--config",
+        "configs/synthetic.yaml",
+        "train.num_seeds=3",
+        "data.synthetic.phi=-0.12",
+        "data.synthetic.vol=0.015",
+        "data.synthetic.drift=-0.0003",
+        "data.synthetic.seed=29",
+    ],
+    # The first case E. It failed (38 % of its oracle), was diagnosed (L3 built a long bias from
+    # its drift) and so became a development case: its numbers are no longer out of sample.
+    "E1": [
         "--config",
         "configs/synthetic.yaml",
         "train.num_seeds=3",
@@ -116,7 +129,13 @@ def table(run: Path) -> str:
     unit = float(unit_line[0].split("reward unit ")[1].split()[0]) if unit_line else 1.0
     dyn = c.get("dynamics", {})
     floor = dyn.get("support_min_half_width", 0.5) * unit
-    bound = c.get("loss", {}).get("spread_max_gap", 0.1) * unit
+    loss_cfg = c.get("loss", {})
+    bound = loss_cfg.get("spread_max_gap", 0.1) * unit
+    bound_note = (
+        f"L3 bound {bound / unit:.3f}"
+        if loss_cfg.get("spread", False)
+        else "L3 off: the gap is the Bellman targets' own"
+    )
     half = np.concatenate(
         [
             np.ravel(r["support_half_width"])
@@ -134,7 +153,7 @@ def table(run: Path) -> str:
         f"(floor {floor:.3f})",
         f"end-atom mass after epoch 1: max {end.max():.2e} (goal < 1e-2)",
         f"Q-gap per branch after epoch 1: max {gap.max() / unit:.3f} reward units "
-        f"(L3 bound {bound / unit:.3f})",
+        f"({bound_note}); support half-width {half.max() / unit:.3f}",
     ]
     return "\n".join(lines)
 

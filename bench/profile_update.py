@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -23,7 +21,7 @@ import jax
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.iteration import build, fill_replay  # noqa: E402
+from bench.iteration import build, fill_replay, time_calls  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
 
 LAUNCHING = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "dynamic-update-slice")
@@ -72,15 +70,8 @@ def main():
     hlo = compiled.as_text()
     if args.hlo:
         Path(args.hlo).write_text(hlo)
-    state, _ = compiled(state)
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        state, _ = compiled(state)
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - t)
-    per_update = statistics.median(times) / args.updates
+    median_s, state = time_calls(compiled, state)
+    per_update = median_s / args.updates
     counts = kernel_counts(hlo)
     total = sum(counts.values())
     print()

@@ -1,0 +1,183 @@
+"""Per-kernel trace of learner updates (issue 12: where the GPU time goes, measured, not guessed).
+
+Builds the learner at configs/gpu.yaml sizes with every component on (``config.ALL_ON``; L3 is
+off by default), compiles ``U`` updates in one ``lax.scan``, and records ``--calls`` calls of it
+with ``jax.profiler`` (a Perfetto trace). Then reads the trace back: every event on a GPU
+stream is one kernel (or copy); per update it reports the kernel count, the summed kernel time,
+the GPU busy fraction (union of kernel intervals over the traced wall time) and the time by
+kernel class and by kernel name. Prints a table last; ``--keep DIR`` keeps the raw trace.
+
+    python bench/trace_update.py                 # on the H200
+    python bench/trace_update.py --tiny          # smoke sizes on a CPU (no GPU streams: checks
+                                                 # that the script runs; the table is empty)
+    python bench/trace_update.py key=value ...   # extra config overrides (e.g. replay.batch_size)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.iteration import build, fill_replay, time_calls  # noqa: E402
+from jaxdqn import config  # noqa: E402
+from jaxdqn.agent.build import make_init  # noqa: E402
+
+#: (class, regex on the lower-cased kernel name), first match wins.
+CLASSES = (
+    ("memcpy/memset", r"memcpy|memset|copy_"),
+    ("GEMM", r"gemm|cutlass|cublas|sm\d\d_xmma|nvjet|matmul|dot"),
+    ("sort", r"sort"),
+    ("scatter/gather", r"scatter|gather"),
+    ("reduction", r"reduce"),
+    ("Pallas/Triton", r"triton|pallas|kan|projection"),
+    ("fusion (loop/input)", r"fusion|loop_|input_|wrapped_"),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for label, pattern in CLASSES:
+        if re.search(pattern, low):
+            return label
+    return "other"
+
+
+def gpu_events(trace_dir: Path) -> tuple[list[dict], float]:
+    """Kernel events (``name``, ``ts``, ``dur`` in µs) on GPU streams, and the traced span."""
+    files = sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("perfetto*.json*"))
+    if not files:
+        raise SystemExit(f"no trace file under {trace_dir}")
+    path = files[0]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {
+        e["pid"]: e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    gpu_pids = {pid for pid, n in names.items() if "GPU" in n or "gpu" in n}
+    threads = {
+        (e["pid"], e["tid"]): e.get("args", {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in gpu_pids
+    }
+    # A device's lines are its streams plus derived ones ("XLA Ops", "XLA Modules", "Steps")
+    # that repeat the same time: count the stream lines only.
+    streams = {key for key, n in threads.items() if n.startswith("Stream")}
+    kernels = [
+        e
+        for e in events
+        if e.get("ph") == "X"
+        and e.get("pid") in gpu_pids
+        and (not streams or (e["pid"], e.get("tid")) in streams)
+        and float(e.get("dur", 0)) > 0
+    ]
+    used = sorted({threads.get((e["pid"], e.get("tid")), "?") for e in kernels})
+    others = sorted(set(threads.values()) - set(used))
+    print(f"trace {path.name}: GPU lines counted {used}; others {others}")
+    span = 0.0
+    if kernels:
+        span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    return kernels, span
+
+
+def busy_time(kernels: list[dict]) -> float:
+    """Length of the union of the kernels' intervals (µs): time the GPU ran anything."""
+    total, end = 0.0, -1.0
+    for e in sorted(kernels, key=lambda e: e["ts"]):
+        s, t = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if s > end:
+            total += t - s
+            end = t
+        elif t > end:
+            total += t - end
+            end = t
+    return total
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--updates", type=int, default=10, help="U updates per traced call")
+    ap.add_argument("--calls", type=int, default=3, help="traced calls")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--keep", default=None, help="copy the raw trace directory here")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
+    batch = 64 if args.tiny else 4096
+    envs = 64 if args.tiny else 4096
+    p, cfg, agent = build(
+        base,
+        [*config.ALL_ON, f"replay.batch_size={batch}", f"acting.num_envs={envs}",
+         f"replay.learning_starts={batch}", "replay.capacity=1048576", *args.overrides],
+    )  # fmt: skip
+    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
+    state = fill_replay(cfg, agent, state, p.market)
+    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
+    compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
+    median_s, state = time_calls(compiled, state)
+    per_update_us = median_s / args.updates * 1e6
+
+    trace_dir = Path(tempfile.mkdtemp(prefix="jaxdqn_trace_"))
+    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+        for _ in range(args.calls):
+            state, _ = compiled(state)
+            jax.block_until_ready(state)
+    kernels, span = gpu_events(trace_dir)
+    if args.keep:
+        shutil.copytree(trace_dir, args.keep, dirs_exist_ok=True)
+    n_upd = args.updates * args.calls
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    for e in kernels:
+        by_name[e["name"]].append(float(e["dur"]))
+    by_class: dict[str, float] = collections.Counter()
+    count_class: dict[str, int] = collections.Counter()
+    for name, durs in by_name.items():
+        by_class[kernel_class(name)] += sum(durs)
+        count_class[kernel_class(name)] += len(durs)
+    kernel_us = sum(float(e["dur"]) for e in kernels)
+    busy = busy_time(kernels)
+
+    print()
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; B = {batch}; every component "
+          f"on; {args.updates} updates x {args.calls} traced calls")  # fmt: skip
+    print(f"timed (untraced): {per_update_us:.0f} µs per update = {1e6 / per_update_us:,.0f} "
+          f"updates/s (median of 5 calls)")  # fmt: skip
+    if not kernels:
+        print("no GPU kernel events in the trace (CPU run): nothing to attribute")
+        return
+    print(f"traced: {len(kernels) / n_upd:.0f} kernels per update, kernel time "
+          f"{kernel_us / n_upd:.0f} µs per update, GPU busy {busy / span:.1%} of the traced span "
+          f"({span / n_upd:.0f} µs per update)")  # fmt: skip
+    print()
+    print(f"{'class':<22} {'µs/update':>10} {'share':>7} {'kernels/update':>15}")
+    for label, us in sorted(by_class.items(), key=lambda kv: -kv[1]):
+        print(f"{label:<22} {us / n_upd:>10.1f} {us / kernel_us:>7.1%} "
+              f"{count_class[label] / n_upd:>15.1f}")  # fmt: skip
+    print()
+    print(f"{'kernel':<70} {'class':<20} {'calls/upd':>9} {'µs/upd':>8} {'µs/call':>8}")
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[: args.top]
+    for name, durs in top:
+        short = name if len(name) <= 70 else name[:67] + "..."
+        print(f"{short:<70} {kernel_class(name):<20} {len(durs) / n_upd:>9.1f} "
+              f"{sum(durs) / n_upd:>8.1f} {statistics.median(durs):>8.1f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
