@@ -27,6 +27,7 @@ from jaxdqn.agent.build import build_agent, make_init  # noqa: E402
 from jaxdqn.market import market as market_setup  # noqa: E402
 
 ALL_OFF = list(config.ALL_OFF)
+ALL_ON = list(config.ALL_ON)  # L3 is off by default
 
 
 def timed(fn, *args, repeats: int = 5):
@@ -145,7 +146,7 @@ def main():
     prepared = market_setup.prepare(config.load(base))
     rate = matmul_rate(mm)
     rows = []
-    for label, extra in (("all on", []), ("all off", ALL_OFF)):
+    for label, extra in (("all on", ALL_ON), ("all off", ALL_OFF)):
         compile_s = bench_compile(base, extra, prepared)
         for b in batches:
             ups, flops, lc = bench_learner(base, extra, b, updates, prepared, learner_envs)
