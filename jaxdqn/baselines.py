@@ -16,7 +16,7 @@ from jaxdqn.evaluation.baselines import (
     run_baselines,
 )
 from jaxdqn.market.market import Prepared, prepare
-from jaxdqn.program import cli
+from jaxdqn.program import cli, runtime
 
 __all__ = ["format_table", "main"]
 
@@ -42,7 +42,9 @@ def _main(argv: Sequence[str] | None) -> int:
         "vol-targeted long, oracle on synthetic data) over the val and test splits through "
         "the market environment and its costs, and print their metrics.",
     )
+    runtime.add_arguments(parser)
     args = parser.parse_args(argv)
+    runtime.configure_from_args(args)
     cfg = cli.load_config(args)
     prepared = prepare(cfg)
     table = run_baselines(cfg, prepared)

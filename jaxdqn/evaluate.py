@@ -22,7 +22,7 @@ def _main(argv) -> int:
     from jaxdqn import config as config_lib
     from jaxdqn.agent.build import build_agent, make_init
     from jaxdqn.market import market as market_lib
-    from jaxdqn.program import checkpoint
+    from jaxdqn.program import checkpoint, runtime
     from jaxdqn.program.results import write_eval_log
     from jaxdqn.program.walks import walk_seed
 
@@ -39,8 +39,10 @@ def _main(argv) -> int:
     )
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/eval)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
+    runtime.add_arguments(parser)
     # intermixed: overrides may follow options (RUN_DIR --split test data.path=x.csv)
     args = parser.parse_intermixed_args(argv)
+    runtime.configure_from_args(args)
 
     run_dir = Path(args.run_dir)
     saved = run_dir / "config.yaml"

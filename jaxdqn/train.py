@@ -5,6 +5,9 @@ directory: ``config.yaml``, ``metrics.jsonl``, TensorBoard files under ``tb/``,
 ``checkpoints/``, ``eval_val.csv``, ``eval_test.csv``, ``baselines_test.csv``,
 ``summary.json`` and ``report.md`` with its plots.
 
+JAX's persistent compilation cache is on (``--compile-cache DIR``, ``--no-compile-cache``) and
+the GPU XLA flags are added (``--no-xla-flags``): :mod:`jaxdqn.program.runtime`.
+
 ``--resume DIR`` continues a run from its latest checkpoint with the config saved in the run
 (``train.epochs=N`` may be raised to train longer; other overrides are refused). SIGINT saves a
 checkpoint and exits with code 130. Bad config or data: one line on stderr, exit code 2. A run
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.program import cli
+from jaxdqn.program import cli, runtime
 
 RESUMABLE_KEYS = ("train.epochs",)
 
@@ -74,7 +77,9 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of the progress bar"
     )
+    runtime.add_arguments(parser)
     args = parser.parse_args(argv)
+    runtime.configure_from_args(args)
 
     # Imported here so that --help and config errors answer without loading JAX programs.
     from jaxdqn.program import checkpoint, loop

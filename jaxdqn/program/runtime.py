@@ -1,0 +1,119 @@
+"""Process-wide JAX setup of the programs: the persistent compilation cache and the GPU XLA flags.
+
+Both must be in place before JAX compiles anything (XLA reads ``XLA_FLAGS`` once, when the
+first backend starts), so the entry points call :func:`configure` right after parsing their
+arguments.
+
+**Compilation cache.** JAX's persistent cache stores every compiled program on disk, keyed by
+the program, the jaxlib version and the device, so a repeated run (same config sizes) loads its
+executables instead of compiling them again. On by default in :func:`default_cache_dir`:
+``$JAXDQN_COMPILE_CACHE`` if set, else ``$XDG_CACHE_HOME/jaxdqn/xla``, else
+``~/.cache/jaxdqn/xla``. ``--compile-cache DIR`` chooses another folder and
+``--no-compile-cache`` turns it off. Entries are only written for programs that took at least
+:data:`MIN_COMPILE_SECONDS` to compile. Deleting the folder is always safe.
+
+**GPU XLA flags** (:data:`GPU_XLA_FLAGS`). XLA command buffers (CUDA graphs) for fusions,
+library calls, custom calls (Pallas/Triton) and control flow, with concurrent regions, so that
+the ~660 small kernels of one learner update are launched as graphs rather than one by one
+(H200, jax 0.11.2, gpu.yaml sizes, B = 4,096: 2,561 → 1,783 µs per update, bench/levers.py).
+They are appended to ``XLA_FLAGS``; a flag the user already set there keeps the user's value;
+``--no-xla-flags`` adds none. The flags only concern the GPU backend (the CPU backend accepts
+and ignores them); an unknown flag would abort the process, which a test checks against the
+installed jaxlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+
+__all__ = [
+    "GPU_XLA_FLAGS",
+    "MIN_COMPILE_SECONDS",
+    "add_arguments",
+    "configure",
+    "default_cache_dir",
+    "merge_xla_flags",
+]
+
+GPU_XLA_FLAGS: tuple[str, ...] = (
+    "--xla_gpu_enable_command_buffer="
+    "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL",
+    "--xla_gpu_graph_min_graph_size=1",
+    "--xla_gpu_graph_enable_concurrent_region=true",
+)
+MIN_COMPILE_SECONDS = 1.0
+
+
+def default_cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
+    """The compilation cache folder (see the module docstring for the order of precedence)."""
+    env = os.environ if environ is None else environ
+    if env.get("JAXDQN_COMPILE_CACHE"):
+        return Path(env["JAXDQN_COMPILE_CACHE"]).expanduser()
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "jaxdqn" / "xla"
+
+
+def _flag_name(flag: str) -> str:
+    return flag.split("=", 1)[0].strip()
+
+
+def merge_xla_flags(existing: str, flags: tuple[str, ...] = GPU_XLA_FLAGS) -> str:
+    """``existing`` (the user's ``XLA_FLAGS``) plus every flag of ``flags`` whose name it does
+    not already set: the user's value of a flag always wins."""
+    have = {_flag_name(f) for f in existing.split() if f.startswith("--")}
+    added = [f for f in flags if _flag_name(f) not in have]
+    return " ".join([*existing.split(), *added])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--compile-cache DIR``, ``--no-compile-cache`` and ``--no-xla-flags``."""
+    parser.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        default=None,
+        help="persistent compilation cache folder (default: $JAXDQN_COMPILE_CACHE, else "
+        "~/.cache/jaxdqn/xla)",
+    )
+    parser.add_argument(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh (no persistent compilation cache)",
+    )
+    parser.add_argument(
+        "--no-xla-flags",
+        action="store_true",
+        help="do not add jaxdqn's GPU XLA flags (command buffers) to XLA_FLAGS",
+    )
+
+
+def configure(
+    cache_dir: str | Path | None,
+    *,
+    cache: bool = True,
+    xla_flags: bool = True,
+    environ: MutableMapping[str, str] | None = None,
+) -> Path | None:
+    """Set up the compilation cache and the GPU XLA flags; returns the cache folder (None when
+    off). Call before the first JAX computation of the process."""
+    env = os.environ if environ is None else environ
+    if xla_flags:
+        env["XLA_FLAGS"] = merge_xla_flags(env.get("XLA_FLAGS", ""))
+    if not cache:
+        return None
+    import jax
+
+    folder = Path(cache_dir).expanduser() if cache_dir else default_cache_dir(env)
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    return folder
+
+
+def configure_from_args(args: argparse.Namespace) -> Path | None:
+    """:func:`configure` from the arguments that :func:`add_arguments` added."""
+    return configure(
+        args.compile_cache, cache=not args.no_compile_cache, xla_flags=not args.no_xla_flags
+    )

@@ -1,0 +1,80 @@
+"""The programs' JAX setup (issue 12): GPU XLA flags and the persistent compilation cache."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jaxdqn.program import runtime
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    env.update(extra)
+    return env
+
+
+def test_gpu_xla_flags_are_accepted_by_the_installed_jaxlib():
+    """XLA aborts the process on an unknown flag; the CPU jaxlib parses the GPU flags too, so
+    this checks their names against the jaxlib that is installed (a renamed flag fails here)."""
+    code = "import jax, jax.numpy as jnp; print(int(jax.jit(lambda x: x + 1)(jnp.int32(1))))"
+    flags = " ".join(runtime.GPU_XLA_FLAGS)
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=_env(XLA_FLAGS=flags), capture_output=True, text=True
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "2", res.stderr[-2000:]
+    bogus = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_env(XLA_FLAGS="--xla_gpu_no_such_flag=1"),
+        capture_output=True,
+        text=True,
+    )
+    assert bogus.returncode != 0 and "Unknown flag" in bogus.stderr  # the check can fail
+
+
+def test_xla_flags_merge_keeps_the_users_value():
+    user = "--xla_gpu_graph_min_graph_size=5 --xla_dump_to=/tmp/x"
+    merged = runtime.merge_xla_flags(user).split()
+    assert merged[:2] == user.split()  # the user's flags first, unchanged
+    assert "--xla_gpu_graph_min_graph_size=1" not in merged  # the user's value wins
+    names = [f.split("=")[0] for f in merged]
+    assert len(names) == len(set(names))
+    for flag in runtime.GPU_XLA_FLAGS:
+        assert flag.split("=")[0] in names
+    assert runtime.merge_xla_flags(runtime.merge_xla_flags("")) == runtime.merge_xla_flags("")
+
+
+def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    assert runtime.default_cache_dir(env) == tmp_path / "xdg" / "jaxdqn" / "xla"
+    env["JAXDQN_COMPILE_CACHE"] = str(tmp_path / "mine")
+    assert runtime.default_cache_dir(env) == tmp_path / "mine"
+    off = runtime.configure(None, cache=False, xla_flags=False, environ=env)
+    assert off is None and "XLA_FLAGS" not in env
+    runtime.configure(None, cache=False, xla_flags=True, environ=env)
+    assert env["XLA_FLAGS"] == " ".join(runtime.GPU_XLA_FLAGS)
+
+
+def _smoke_train(tmp_path, *args):
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", "--config", str(SMOKE)]
+    cmd += ["train.epochs=1", "train.iterations_per_epoch=2", *args]
+    return subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+
+
+def test_training_fills_the_compile_cache_and_no_compile_cache_leaves_none(tmp_path):
+    cache = tmp_path / "cache"
+    res = _smoke_train(tmp_path, "--run-dir", "a", "--compile-cache", str(cache))
+    assert res.returncode == 0, res.stderr[-3000:]
+    entries = [p for p in cache.rglob("*") if p.is_file()]
+    assert entries, "no compiled program was written to the cache"
+    off = tmp_path / "off"
+    res = _smoke_train(
+        tmp_path, "--run-dir", "b", "--compile-cache", str(off), "--no-compile-cache"
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert not off.exists()
