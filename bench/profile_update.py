@@ -1,9 +1,10 @@
 """Where one learner update's time goes, from the compiled HLO (issue 5's missed goal).
 
-Compiles ``U`` learner updates (configs/gpu.yaml, B = 4,096) in one ``lax.scan``, times them,
-and counts the kernels the compiled module launches per update: every fusion, custom call
-(cuBLAS GEMMs, Triton/Pallas kernels), copy, sort, scatter and gather that stands at the top
-level of a non-fused computation. Prints a table last and writes the HLO text to ``--hlo``.
+Compiles ``U`` learner updates (configs/gpu.yaml, B = 4,096, every component on) in one
+``lax.scan``, times them, and counts the kernels the compiled module launches per update: every
+fusion, custom call (cuBLAS GEMMs, Triton/Pallas kernels), copy, sort, scatter and gather that
+stands at the top level of a non-fused computation. Prints a table last and writes the HLO
+text to ``--hlo``.
 
     python bench/profile_update.py --hlo $OUT/update_hlo.txt
 """
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.iteration import build, fill_replay, time_calls  # noqa: E402
+from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
 
 LAUNCHING = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "dynamic-update-slice")
@@ -60,7 +62,7 @@ def main():
     envs = 64 if args.tiny else 4096
     p, cfg, agent = build(
         base,
-        [f"replay.batch_size={args.batch}", f"acting.num_envs={envs}",
+        [*config.ALL_ON, f"replay.batch_size={args.batch}", f"acting.num_envs={envs}",
          f"replay.learning_starts={args.batch}", "replay.capacity=1048576"],
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))

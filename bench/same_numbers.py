@@ -2,6 +2,7 @@
 
     python bench/same_numbers.py                 # run both commands, compare with bench/reference
     python bench/same_numbers.py --runs DIR      # keep the run directories in DIR
+    python bench/same_numbers.py --record        # re-record bench/reference from this code
 
 Runs, on the CPU (JAX_PLATFORMS=cpu):
 
@@ -9,11 +10,12 @@ Runs, on the CPU (JAX_PLATFORMS=cpu):
 2. ``python -m jaxdqn.train --config configs/smoke.yaml seed=3 train.num_seeds=2``
 
 and compares ``metrics.jsonl``, ``summary.json``, ``eval_val.csv`` and ``eval_test.csv`` with
-the files recorded in ``bench/reference/`` (written by the code before the structure change of
-2026-11-30). Every number must be identical (floats compared exactly, NaN equal to NaN), except
-wall-clock quantities (:data:`TIMING_KEYS`). Metric keys renamed since the recording are mapped
-by :data:`RENAMED`; a key that exists on one side only is a difference. Prints one table row
-per file and exits 1 on any difference.
+the files recorded in ``bench/reference/`` (re-recorded with ``--record`` after a deliberate
+change of numerics; the current recording: the code of commit faeb047, issue 11's final
+defaults, 2026-12-01, jax 0.10.2 on the CPU). Every number must be identical (floats compared
+exactly, NaN equal to NaN), except wall-clock quantities (:data:`TIMING_KEYS`). Metric keys
+renamed since the recording are mapped by :data:`RENAMED`; a key that exists on one side only
+is a difference. Prints one table row per file and exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def compare(ref_dir: Path, run_dir: Path) -> dict[str, list[str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default=None, help="directory for the run directories")
+    parser.add_argument(
+        "--record", action="store_true", help="write this code's files into bench/reference"
+    )
     args = parser.parse_args()
     base = Path(args.runs) if args.runs else Path(tempfile.mkdtemp(prefix="same_numbers_"))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -110,6 +115,12 @@ def main() -> int:
             print(proc.stderr.decode()[-2000:], file=sys.stderr)
             rows.append((name, "(run)", f"exit code {proc.returncode}"))
             failed = True
+            continue
+        if args.record:
+            (REFERENCE / name).mkdir(parents=True, exist_ok=True)
+            for file in FILES:
+                (REFERENCE / name / file).write_bytes((run_dir / file).read_bytes())
+            rows.append((name, "(all)", "recorded"))
             continue
         for file, diffs in compare(REFERENCE / name, run_dir).items():
             failed |= bool(diffs)

@@ -1,0 +1,117 @@
+"""Issue 12 levers, before against after in one run: learner µs per update and trace summary.
+
+    python bench/levers.py --before DIR      # DIR: a checkout of the code before the levers
+
+Each variant runs ``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component
+on, 10 updates per call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
+
+- ``before`` / ``after``: the code in ``--before`` and this checkout;
+- ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
+  (command buffers with concurrent regions).
+
+Then the compilation cache: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
+twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
+``elapsed`` of the epoch line) of the cold and of the warm run. Prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from jaxdqn.program.runtime import GPU_XLA_FLAGS  # noqa: E402
+
+
+def trace_variant(root: Path, flags: bool, updates: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
+    cmd = [sys.executable, str(root / "bench" / "trace_update.py"), "--calls", "2"]
+    cmd += ["--updates", str(updates)]
+    res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    out = res.stdout
+    if res.returncode != 0:
+        print(res.stderr[-3000:], file=sys.stderr)
+        return {"µs/update": f"failed ({res.returncode})"}
+    print(out, flush=True)
+    timed = re.search(r"timed \(untraced\): (\d+) µs per update", out)
+    traced = re.search(r"traced: (\d+) kernels per update.*GPU busy ([\d.]+%)", out)
+    return {
+        "µs/update": timed.group(1) if timed else "?",
+        "kernels/update": traced.group(1) if traced else "?",
+        "GPU busy": traced.group(2) if traced else "?",
+    }
+
+
+def first_epoch_seconds(cache: Path, run_dir: Path) -> tuple[float, float]:
+    """(process start → end of epoch 1 as the log's elapsed + startup, total wall) of one
+    short gpu.yaml run with the cache folder ``cache``."""
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--config", "configs/gpu.yaml", "--no-progress"]
+    cmd += ["--compile-cache", str(cache), "--run-dir", str(run_dir)]
+    cmd += ["train.epochs=1", "train.iterations_per_epoch=2", "replay.capacity=262144"]
+    t0 = time.perf_counter()
+    # the epoch lines go to stderr (the progress stream)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    epoch_end = float("nan")
+    for line in proc.stdout:
+        if line.startswith("epoch 1/") and epoch_end != epoch_end:
+            epoch_end = time.perf_counter() - t0
+            print(line.rstrip(), flush=True)
+    proc.wait()
+    return epoch_end, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", default=None, help="checkout of the code before the levers")
+    ap.add_argument("--updates", type=int, default=10)
+    ap.add_argument("--skip-cache", action="store_true")
+    ap.add_argument("--only-cache", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    if args.before is None and not args.only_cache:
+        ap.error("--before DIR is required unless --only-cache")
+    roots = (
+        [("after", ROOT)]
+        if args.before is None
+        else [("before", Path(args.before)), ("after", ROOT)]
+    )
+    for label, root in roots:
+        for flags in () if args.only_cache else (False, True):
+            r = trace_variant(root, flags, args.updates)
+            rows.append((label, "on" if flags else "off", r))
+    cache_rows = []
+    if not args.skip_cache:
+        with tempfile.TemporaryDirectory() as tmp:
+            cache = Path(tmp) / "cache"
+            for which in ("cold", "warm"):
+                cache_rows.append((which, *first_epoch_seconds(cache, Path(tmp) / which)))
+    import jax
+
+    print()
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; learner B = 4,096, "
+          f"gpu.yaml sizes, every component on; {args.updates} updates per call")  # fmt: skip
+    print(f"{'code':<8} {'XLA flags':<10} {'µs/update':>10} {'updates/s':>10} "
+          f"{'kernels/upd':>12} {'GPU busy':>9}")  # fmt: skip
+    for label, flags, r in rows:
+        us = r.get("µs/update", "?")
+        ups = f"{1e6 / float(us):,.0f}" if us.isdigit() else "?"
+        print(f"{label:<8} {flags:<10} {us:>10} {ups:>10} {r.get('kernels/update', '?'):>12} "
+              f"{r.get('GPU busy', '?'):>9}")  # fmt: skip
+    for which, epoch_end, total in cache_rows:
+        print(f"compile cache {which}: end of epoch 1 after {epoch_end:.1f} s, "
+              f"run {total:.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
