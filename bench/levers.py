@@ -9,6 +9,8 @@ on, 10 updates per call) in its own process, because XLA reads ``XLA_FLAGS`` onc
 - ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
   (command buffers with concurrent regions).
 
+``--only-acting``: acting env steps/s at E = 65,536 with the flags off and on (this checkout).
+
 Then the compilation cache: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
 twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
 ``elapsed`` of the epoch line) of the cold and of the warm run. Prints a table last.
@@ -51,6 +53,32 @@ def trace_variant(root: Path, flags: bool, updates: int) -> dict[str, str]:
     }
 
 
+ACTING = """
+import sys
+sys.path.insert(0, {root!r})
+from bench.iteration import bench_acting
+from jaxdqn import config
+from jaxdqn.market import market
+base = {root!r} + "/configs/gpu.yaml"
+sps = bench_acting(base, list(config.ALL_ON), 65536, 16, market.prepare(config.load(base)))
+print(f"ACTING {{sps:.4e}}")
+"""
+
+
+def acting_variant(root: Path, flags: bool) -> str:
+    """Acting env steps/s at E = 65,536 (16 steps per call, every component on)."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
+    code = ACTING.format(root=str(root))
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
+    )
+    m = re.search(r"ACTING (\S+)", res.stdout)
+    if not m:
+        print(res.stderr[-3000:], file=sys.stderr)
+    return m.group(1) if m else "failed"
+
+
 def first_epoch_seconds(cache: Path, run_dir: Path) -> tuple[float, float]:
     """(process start → end of epoch 1 as the log's elapsed + startup, total wall) of one
     short gpu.yaml run with the cache folder ``cache``."""
@@ -77,9 +105,10 @@ def main():
     ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--skip-cache", action="store_true")
     ap.add_argument("--only-cache", action="store_true")
+    ap.add_argument("--only-acting", action="store_true")
     args = ap.parse_args()
     rows = []
-    if args.before is None and not args.only_cache:
+    if args.before is None and not (args.only_cache or args.only_acting):
         ap.error("--before DIR is required unless --only-cache")
     roots = (
         [("after", ROOT)]
@@ -87,11 +116,14 @@ def main():
         else [("before", Path(args.before)), ("after", ROOT)]
     )
     for label, root in roots:
-        for flags in () if args.only_cache else (False, True):
+        for flags in () if (args.only_cache or args.only_acting) else (False, True):
             r = trace_variant(root, flags, args.updates)
             rows.append((label, "on" if flags else "off", r))
+    acting_rows = []
+    if args.only_acting:
+        acting_rows = [(f, acting_variant(ROOT, f == "on")) for f in ("off", "on")]
     cache_rows = []
-    if not args.skip_cache:
+    if not (args.skip_cache or args.only_acting):
         with tempfile.TemporaryDirectory() as tmp:
             cache = Path(tmp) / "cache"
             for which in ("cold", "warm"):
@@ -108,6 +140,8 @@ def main():
         ups = f"{1e6 / float(us):,.0f}" if us.isdigit() else "?"
         print(f"{label:<8} {flags:<10} {us:>10} {ups:>10} {r.get('kernels/update', '?'):>12} "
               f"{r.get('GPU busy', '?'):>9}")  # fmt: skip
+    for flags, sps in acting_rows:
+        print(f"acting E = 65,536, every component on, XLA flags {flags}: {sps} env steps/s")
     for which, epoch_end, total in cache_rows:
         print(f"compile cache {which}: end of epoch 1 after {epoch_end:.1f} s, "
               f"run {total:.1f} s")  # fmt: skip
