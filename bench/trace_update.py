@@ -5,7 +5,9 @@ off by default), compiles ``U`` updates in one ``lax.scan``, and records ``--cal
 with ``jax.profiler`` (a Perfetto trace). Then reads the trace back: every event on a GPU
 stream is one kernel (or copy); per update it reports the kernel count, the summed kernel time,
 the GPU busy fraction (union of kernel intervals over the traced wall time) and the time by
-kernel class and by kernel name. Prints a table last; ``--keep DIR`` keeps the raw trace.
+kernel class and by kernel name, each kernel with the op and Python lines it came from
+(:mod:`bench.hlo_source`, from the compiled module's own metadata). Prints a table last;
+``--keep DIR`` keeps the raw trace.
 
     python bench/trace_update.py                 # on the H200
     python bench/trace_update.py --tiny          # smoke sizes on a CPU (no GPU streams: checks
@@ -31,6 +33,7 @@ import jax
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.hlo_source import instruction_sources, kernel_instruction  # noqa: E402
 from bench.iteration import build, fill_replay, time_calls  # noqa: E402
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
@@ -131,6 +134,7 @@ def main():
     state = fill_replay(cfg, agent, state, p.market)
     run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
     compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
+    sources = instruction_sources(compiled.as_text())
     median_s, state = time_calls(compiled, state)
     per_update_us = median_s / args.updates * 1e6
 
@@ -171,12 +175,15 @@ def main():
         print(f"{label:<22} {us / n_upd:>10.1f} {us / kernel_us:>7.1%} "
               f"{count_class[label] / n_upd:>15.1f}")  # fmt: skip
     print()
-    print(f"{'kernel':<70} {'class':<20} {'calls/upd':>9} {'µs/upd':>8} {'µs/call':>8}")
+    print(f"{'kernel':<44} {'class':<20} {'calls/upd':>9} {'µs/upd':>8} {'µs/call':>8}  source")
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[: args.top]
     for name, durs in top:
-        short = name if len(name) <= 70 else name[:67] + "..."
-        print(f"{short:<70} {kernel_class(name):<20} {len(durs) / n_upd:>9.1f} "
-              f"{sum(durs) / n_upd:>8.1f} {statistics.median(durs):>8.1f}")  # fmt: skip
+        short = name if len(name) <= 44 else name[:41] + "..."
+        inst = kernel_instruction(name, sources)
+        src = sources[inst] if inst else "(library kernel)"
+        per_upd, per_call = sum(durs) / n_upd, statistics.median(durs)
+        print(f"{short:<44} {kernel_class(name):<20} {len(durs) / n_upd:>9.1f} "
+              f"{per_upd:>8.1f} {per_call:>8.1f}  {src[:110]}")  # fmt: skip
 
 
 if __name__ == "__main__":
