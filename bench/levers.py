@@ -1,17 +1,19 @@
 """Issue 12 levers, before against after in one run: learner µs per update and trace summary.
 
-    python bench/levers.py --before DIR      # DIR: a checkout of the code before the levers
+    python bench/levers.py --before DIR                  # learner and cache parts
+    python bench/levers.py --parts acting,cache          # any of learner, acting, cache
 
-Each variant runs ``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component
-on, 10 updates per call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
+``learner`` (needs ``--before DIR``, a checkout of the code before the levers): each variant
+runs ``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component on, 10
+updates per call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
 
 - ``before`` / ``after``: the code in ``--before`` and this checkout;
 - ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
   (command buffers with concurrent regions).
 
-``--only-acting``: acting env steps/s at E = 65,536 with the flags off and on (this checkout).
+``acting``: acting env steps/s at E = 65,536 with the flags off and on (this checkout).
 
-Then the compilation cache: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
+``cache``: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
 twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
 ``elapsed`` of the epoch line) of the cold and of the warm run. Prints a table last.
 """
@@ -103,27 +105,25 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", default=None, help="checkout of the code before the levers")
     ap.add_argument("--updates", type=int, default=10)
-    ap.add_argument("--skip-cache", action="store_true")
-    ap.add_argument("--only-cache", action="store_true")
-    ap.add_argument("--only-acting", action="store_true")
+    ap.add_argument("--parts", default="learner,cache", help="any of learner, acting, cache")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if parts - {"learner", "acting", "cache"}:
+        ap.error(f"--parts: unknown {sorted(parts - {'learner', 'acting', 'cache'})}")
+    if "learner" in parts and args.before is None:
+        ap.error("--before DIR is required for the learner part")
     rows = []
-    if args.before is None and not (args.only_cache or args.only_acting):
-        ap.error("--before DIR is required unless --only-cache")
-    roots = (
-        [("after", ROOT)]
-        if args.before is None
-        else [("before", Path(args.before)), ("after", ROOT)]
-    )
-    for label, root in roots:
-        for flags in () if (args.only_cache or args.only_acting) else (False, True):
-            r = trace_variant(root, flags, args.updates)
-            rows.append((label, "on" if flags else "off", r))
+    if "learner" in parts:
+        # resolved: each variant runs with its own checkout as the working directory
+        for label, root in (("before", Path(args.before).resolve()), ("after", ROOT)):
+            for flags in (False, True):
+                r = trace_variant(root, flags, args.updates)
+                rows.append((label, "on" if flags else "off", r))
     acting_rows = []
-    if args.only_acting:
+    if "acting" in parts:
         acting_rows = [(f, acting_variant(ROOT, f == "on")) for f in ("off", "on")]
     cache_rows = []
-    if not (args.skip_cache or args.only_acting):
+    if "cache" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             cache = Path(tmp) / "cache"
             for which in ("cold", "warm"):

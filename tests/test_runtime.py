@@ -78,3 +78,13 @@ def test_training_fills_the_compile_cache_and_no_compile_cache_leaves_none(tmp_p
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert not off.exists()
+
+
+def test_an_uncreatable_cache_folder_is_one_line_and_exit_code_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    res = _smoke_train(tmp_path, "--run-dir", "c", "--compile-cache", str(blocker / "cache"))
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "--no-compile-cache" in err[0] and "Traceback" not in res.stderr
+    assert not (tmp_path / "c").exists()  # nothing started

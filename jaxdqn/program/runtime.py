@@ -29,11 +29,14 @@ import os
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from jaxdqn.config import ConfigError
+
 __all__ = [
     "GPU_XLA_FLAGS",
     "MIN_COMPILE_SECONDS",
     "add_arguments",
     "configure",
+    "configure_from_args",
     "default_cache_dir",
     "merge_xla_flags",
 ]
@@ -106,7 +109,13 @@ def configure(
     import jax
 
     folder = Path(cache_dir).expanduser() if cache_dir else default_cache_dir(env)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"compilation cache {folder}: cannot create it ({e.strerror}); choose another folder "
+            "with --compile-cache DIR or turn it off with --no-compile-cache"
+        ) from None
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return folder
