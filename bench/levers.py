@@ -2,6 +2,7 @@
 
     python bench/levers.py --before DIR                  # learner and cache parts
     python bench/levers.py --parts acting,cache          # any of learner, acting, cache
+    python bench/levers.py --before DIR --parts learner,acting --also "kernels.fused=reference"
 
 ``learner`` (needs ``--before DIR``, a checkout of the code before the levers): each variant
 runs ``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component on, 10
@@ -9,9 +10,12 @@ updates per call) in its own process, because XLA reads ``XLA_FLAGS`` once per p
 
 - ``before`` / ``after``: the code in ``--before`` and this checkout;
 - ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
-  (command buffers with concurrent regions).
+  (command buffers with concurrent regions);
+- ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on.
 
-``acting``: acting env steps/s at E = 65,536 with the flags off and on (this checkout).
+``acting``: acting env steps/s at E = 65,536, every component on: with ``--before``, before /
+after / each ``--also`` variant with the flags on; without, this checkout with the flags off
+and on.
 
 ``cache``: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
 twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
@@ -35,11 +39,13 @@ sys.path.insert(0, str(ROOT))
 from jaxdqn.program.runtime import GPU_XLA_FLAGS  # noqa: E402
 
 
-def trace_variant(root: Path, flags: bool, updates: int) -> dict[str, str]:
+def trace_variant(
+    root: Path, flags: bool, updates: int, overrides: tuple[str, ...] = (), top: int = 40
+) -> dict[str, str]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
     cmd = [sys.executable, str(root / "bench" / "trace_update.py"), "--calls", "2"]
-    cmd += ["--updates", str(updates)]
+    cmd += ["--updates", str(updates), "--top", str(top), *overrides]
     res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     out = res.stdout
     if res.returncode != 0:
@@ -62,16 +68,17 @@ from bench.iteration import bench_acting
 from jaxdqn import config
 from jaxdqn.market import market
 base = {root!r} + "/configs/gpu.yaml"
-sps = bench_acting(base, list(config.ALL_ON), 65536, 16, market.prepare(config.load(base)))
+extra = [*config.ALL_ON, *{overrides!r}]
+sps = bench_acting(base, extra, 65536, 16, market.prepare(config.load(base)))
 print(f"ACTING {{sps:.4e}}")
 """
 
 
-def acting_variant(root: Path, flags: bool) -> str:
+def acting_variant(root: Path, flags: bool, overrides: tuple[str, ...] = ()) -> str:
     """Acting env steps/s at E = 65,536 (16 steps per call, every component on)."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
-    code = ACTING.format(root=str(root))
+    code = ACTING.format(root=str(root), overrides=list(overrides))
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
     )
@@ -106,6 +113,12 @@ def main():
     ap.add_argument("--before", default=None, help="checkout of the code before the levers")
     ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--parts", default="learner,cache", help="any of learner, acting, cache")
+    ap.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        help="extra variant of this checkout (flags on): space-separated key=value overrides",
+    )
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     if parts - {"learner", "acting", "cache"}:
@@ -119,9 +132,22 @@ def main():
             for flags in (False, True):
                 r = trace_variant(root, flags, args.updates)
                 rows.append((label, "on" if flags else "off", r))
+        for extra in args.also:
+            r = trace_variant(ROOT, True, args.updates, tuple(extra.split()), top=0)
+            rows.append((f"after {extra}", "on", r))
     acting_rows = []
     if "acting" in parts:
-        acting_rows = [(f, acting_variant(ROOT, f == "on")) for f in ("off", "on")]
+        # with --before: before and after (flags on); without: this checkout, flags off and on
+        if args.before:
+            before = Path(args.before).resolve()
+            acting_rows = [("before", "on", acting_variant(before, True))]
+            acting_rows += [("after", "on", acting_variant(ROOT, True))]
+            acting_rows += [
+                (f"after {e}", "on", acting_variant(ROOT, True, tuple(e.split())))
+                for e in args.also
+            ]
+        else:
+            acting_rows = [("this", f, acting_variant(ROOT, f == "on")) for f in ("off", "on")]
     cache_rows = []
     if "cache" in parts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -133,15 +159,17 @@ def main():
     print()
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; learner B = 4,096, "
           f"gpu.yaml sizes, every component on; {args.updates} updates per call")  # fmt: skip
-    print(f"{'code':<8} {'XLA flags':<10} {'µs/update':>10} {'updates/s':>10} "
+    width = max([8] + [len(r[0]) for r in rows])
+    print(f"{'code':<{width}} {'XLA flags':<10} {'µs/update':>10} {'updates/s':>10} "
           f"{'kernels/upd':>12} {'GPU busy':>9}")  # fmt: skip
     for label, flags, r in rows:
         us = r.get("µs/update", "?")
         ups = f"{1e6 / float(us):,.0f}" if us.isdigit() else "?"
-        print(f"{label:<8} {flags:<10} {us:>10} {ups:>10} {r.get('kernels/update', '?'):>12} "
-              f"{r.get('GPU busy', '?'):>9}")  # fmt: skip
-    for flags, sps in acting_rows:
-        print(f"acting E = 65,536, every component on, XLA flags {flags}: {sps} env steps/s")
+        print(f"{label:<{width}} {flags:<10} {us:>10} {ups:>10} "
+              f"{r.get('kernels/update', '?'):>12} {r.get('GPU busy', '?'):>9}")  # fmt: skip
+    for label, flags, sps in acting_rows:
+        print(f"acting E = 65,536, every component on, {label}, XLA flags {flags}: "
+              f"{sps} env steps/s")  # fmt: skip
     for which, epoch_end, total in cache_rows:
         print(f"compile cache {which}: end of epoch 1 after {epoch_end:.1f} s, "
               f"run {total:.1f} s")  # fmt: skip

@@ -3,6 +3,8 @@
     python bench/same_numbers.py                 # run both commands, compare with bench/reference
     python bench/same_numbers.py --runs DIR      # keep the run directories in DIR
     python bench/same_numbers.py --record        # re-record bench/reference from this code
+    python bench/same_numbers.py kernels.fused=reference   # extra overrides for both runs
+    python bench/same_numbers.py --reference DIR [--record]   # compare with / record into DIR
 
 Runs, on the CPU (JAX_PLATFORMS=cpu):
 
@@ -103,13 +105,23 @@ def main() -> int:
     parser.add_argument(
         "--record", action="store_true", help="write this code's files into bench/reference"
     )
+    parser.add_argument(
+        "--reference",
+        default=str(REFERENCE),
+        help="recorded files to compare with (default bench/reference; e.g. a folder that "
+        "another checkout's --record --reference DIR wrote, to compare two versions of the "
+        "code on one machine)",
+    )
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides for both runs")
     args = parser.parse_args()
     base = Path(args.runs) if args.runs else Path(tempfile.mkdtemp(prefix="same_numbers_"))
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    reference = Path(args.reference).resolve()
     rows, failed = [], False
     for name, argv in RUNS.items():
         run_dir = base / name
-        cmd = [sys.executable, "-m", "jaxdqn.train", *argv, "--run-dir", str(run_dir)]
+        cmd = [sys.executable, "-m", "jaxdqn.train", *argv, *args.overrides]
+        cmd += ["--run-dir", str(run_dir)]
         proc = subprocess.run([*cmd, "--no-progress"], cwd=ROOT, env=env, capture_output=True)
         if proc.returncode != 0:
             print(proc.stderr.decode()[-2000:], file=sys.stderr)
@@ -117,12 +129,12 @@ def main() -> int:
             failed = True
             continue
         if args.record:
-            (REFERENCE / name).mkdir(parents=True, exist_ok=True)
+            (reference / name).mkdir(parents=True, exist_ok=True)
             for file in FILES:
-                (REFERENCE / name / file).write_bytes((run_dir / file).read_bytes())
+                (reference / name / file).write_bytes((run_dir / file).read_bytes())
             rows.append((name, "(all)", "recorded"))
             continue
-        for file, diffs in compare(REFERENCE / name, run_dir).items():
+        for file, diffs in compare(reference / name, run_dir).items():
             failed |= bool(diffs)
             rows.append((name, file, "identical" if not diffs else f"{len(diffs)} differences"))
             for d in diffs[:10]:

@@ -58,6 +58,24 @@ def kernel_class(name: str) -> str:
     return "other"
 
 
+def source_group(src: str | None) -> str:
+    """A kernel's place in the code for the by-source table: the model module and its first
+    sub-module (``Network/trunk``, ``Coordination/denoiser``) for ops traced inside the
+    model, else the file of the first Python frame (``targets.py``, ``update.py`` for optax),
+    ``(library kernel)`` for cuBLAS/cuDNN/Pallas kernels without metadata."""
+    if not src:
+        return "(library kernel)"
+    op, _, frames = src.partition(" | ")
+    path = re.sub(r"\b(?:transpose|jvp|vmap|jit|remat|checkpoint)\(|[()]", "", op)
+    parts = [p for p in path.split("/") if p and p not in ("while", "body", "eval_jaxpr")]
+    for i, part in enumerate(parts):
+        if part[:1].isupper() and part not in ("ROOT",):
+            return "/".join(parts[i : i + 2])
+    if frames:
+        return frames.split()[0].split(":")[0]
+    return parts[0] if parts else "?"
+
+
 def gpu_events(trace_dir: Path) -> tuple[list[dict], float]:
     """Kernel events (``name``, ``ts``, ``dur`` in µs) on GPU streams, and the traced span."""
     files = sorted(trace_dir.rglob("*.trace.json.gz")) + sorted(trace_dir.rglob("perfetto*.json*"))
@@ -120,6 +138,7 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--keep", default=None, help="copy the raw trace directory here")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--hlo", default=None, help="write the compiled module's text here (.gz ok)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
@@ -134,7 +153,12 @@ def main():
     state = fill_replay(cfg, agent, state, p.market)
     run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
     compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
-    sources = instruction_sources(compiled.as_text())
+    hlo_text = compiled.as_text()
+    sources = instruction_sources(hlo_text)
+    if args.hlo:
+        opener = gzip.open if args.hlo.endswith(".gz") else open
+        with opener(args.hlo, "wt") as f:
+            f.write(hlo_text)
     median_s, state = time_calls(compiled, state)
     per_update_us = median_s / args.updates * 1e6
 
@@ -174,6 +198,18 @@ def main():
     for label, us in sorted(by_class.items(), key=lambda kv: -kv[1]):
         print(f"{label:<22} {us / n_upd:>10.1f} {us / kernel_us:>7.1%} "
               f"{count_class[label] / n_upd:>15.1f}")  # fmt: skip
+    groups: dict[str, float] = collections.Counter()
+    group_count: dict[str, int] = collections.Counter()
+    for name, durs in by_name.items():
+        inst = kernel_instruction(name, sources)
+        g = source_group(sources.get(inst) if inst else None)
+        groups[g] += sum(durs)
+        group_count[g] += len(durs)
+    print()
+    print(f"{'by source':<40} {'µs/update':>10} {'share':>7} {'kernels/update':>15}")
+    for g, us in sorted(groups.items(), key=lambda kv: -kv[1]):
+        print(f"{g[:40]:<40} {us / n_upd:>10.1f} {us / kernel_us:>7.1%} "
+              f"{group_count[g] / n_upd:>15.1f}")  # fmt: skip
     print()
     print(f"{'kernel':<44} {'class':<20} {'calls/upd':>9} {'µs/upd':>8} {'µs/call':>8}  source")
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[: args.top]
