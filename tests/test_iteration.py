@@ -104,6 +104,26 @@ def test_l2_polyak_target_moves_by_tau_each_update(smoke):
         np.testing.assert_allclose(t, 0.75 * t0 + 0.25 * o, rtol=1e-5, atol=1e-7)
 
 
+def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
+    """kernels.fused=fused runs the target network once over [s'; s] (and the branches
+    fused); the reference (what ``auto`` picks on the CPU) runs it on s' and on s. One update from
+    the same state agrees to float rounding: the target distributions (L1, L2) and M11's
+    regression target."""
+    from jaxdqn.agent.build import fused_kernels
+
+    assert smoke["cfg"].kernels.fused == "auto" and not fused_kernels("auto")  # CPU tests
+    assert fused_kernels("fused") and not fused_kernels("reference")
+    _, fused = _agent_with(smoke, "kernels.fused=fused")
+    state = smoke["state"]
+    new_f, m_f = jax.jit(fused.learner.update)(state)
+    new_r, m_r = jax.jit(smoke["agent"].learner.update)(state)
+    for key in ("loss", "loss_c51", "loss_denoise", "loss_coord", "td_target_mean"):
+        np.testing.assert_allclose(m_f[key], m_r[key], rtol=1e-4, atol=1e-9, err_msg=key)
+    assert float(m_r["loss_denoise"]) > 0  # the s-pass target is really in the loss
+    for a, b in zip(jax.tree.leaves(new_f.params), jax.tree.leaves(new_r.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_l2_hard_target_copies_every_c_updates(smoke):
     cfg, agent = _agent_with(smoke, "loss.target_update=hard")
     state = smoke["state"]

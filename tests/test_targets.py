@@ -129,3 +129,14 @@ def test_l2_switched_off_takes_the_argmax_next_action():
         np.testing.assert_array_equal(tgt.next_actions, np.argmax(np.asarray(q), axis=-1))
         q_sel = np.take_along_axis(np.asarray(q), np.asarray(tgt.next_actions)[..., None], -1)
         np.testing.assert_allclose(tgt.td, 0.9 * q_sel[..., 0], rtol=1e-6)
+
+
+def test_l5_pairwise_ranks_equal_scipy_average_ranks_exactly():
+    """The O(B²) compare-and-count ranks equal scipy's average ranks (0-based) bit for bit,
+    with many ties, at a batch size of the GPU configs."""
+    from scipy.stats import rankdata
+
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(size=4096), 2).astype(np.float32)  # ~600 distinct values
+    got = np.asarray(jax.jit(T.average_ranks)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, (rankdata(x, method="average") - 1).astype(np.float32))

@@ -105,13 +105,22 @@ def reward_units(reward_scale: float | str, close: np.ndarray) -> tuple[float, f
     return float(reward_scale), float(reward_scale) * sigma
 
 
+def fused_kernels(setting: str) -> bool:
+    """``kernels.fused`` resolved: ``fused`` / ``reference``, or ``auto`` = fused unless JAX
+    runs on the CPU (``jax.default_backend()``)."""
+    if setting == "auto":
+        return jax.default_backend() != "cpu"
+    return setting == "fused"
+
+
 def build_agent(cfg: Config, market: Prepared) -> Agent:
     """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split)."""
     lo, hi = market.bar_range("train")
     scale, unit = reward_units(cfg.loss.reward_scale, np.asarray(market.market.close)[lo:hi])
     tau_floor = cfg.acting.tau_floor * unit
     obs_dim = env_lib.obs_dim(market.env_params, market.features.values.shape[1])
-    model = network.make_model(cfg.model, obs_dim, kan_backend=cfg.kernels.kan)
+    fused = fused_kernels(cfg.kernels.fused)
+    model = network.make_model(cfg.model, obs_dim, kan_backend=cfg.kernels.kan, fused=fused)
     buffer = make_replay(cfg.replay, obs_dim)
     oc = cfg.optim
     optimizer = optim.make_optimizer(
@@ -138,6 +147,7 @@ def build_agent(cfg: Config, market: Prepared) -> Agent:
         optimizer=optimizer,
         dynamics=dyn,
         tau_floor=tau_floor,
+        fused=fused,
     )
     return Agent(
         model=model,

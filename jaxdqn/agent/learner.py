@@ -67,9 +67,11 @@ def make_learner(
     optimizer: optax.GradientTransformation,
     dynamics: Dynamics,
     tau_floor: float = 1e-6,
+    fused: bool = False,
 ) -> Learner:
     """Factory of the learner update for the given config sections and agent pieces
-    (``tau_floor``: L2's temperature floor in Q units)."""
+    (``tau_floor``: L2's temperature floor in Q units; ``fused``: one target-network pass over
+    [s'; s] where the loss needs both, ``kernels.fused`` resolved)."""
     batch_size, prioritised = replay_cfg.batch_size, replay_cfg.prioritised
     beta0, anneal = replay_cfg.priority_beta0, replay_cfg.beta_anneal_updates
     rank_rewards = loss_cfg.rank_rewards
@@ -107,11 +109,30 @@ def make_learner(
         v_min, delta_z = dynamics.grid(dyn)
 
         batch = sample(state, k_sample)
-        next_out = model.apply(state.target_params, batch.next_obs, v_min, delta_z)
+        two_passes = loss.needs_target_q_s
+        if two_passes and fused:
+            # One target-network pass over [s'; s]: the network is row-wise (no batch
+            # statistics before M8), so each half equals its own pass.
+            both = model.apply(
+                state.target_params,
+                jnp.concatenate([batch.next_obs, batch.obs]),
+                v_min,
+                delta_z,
+            )
+            b = batch.obs.shape[0]
+            next_probs, next_q = both.probs[:b], both.q_mean[:b]
+            q_target_s = both.q_mean[b:]
+        else:
+            next_out = model.apply(state.target_params, batch.next_obs, v_min, delta_z)
+            next_probs, next_q = next_out.probs, next_out.q_mean
+            if two_passes:
+                q_target_s = model.apply(state.target_params, batch.obs, v_min, delta_z).q_mean
+            else:
+                q_target_s = jnp.zeros((batch.obs.shape[0], NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
         target = targets.target_distribution(
             k_target,
-            next_out.probs,
-            next_out.q_mean,
+            next_probs,
+            next_q,
             batch.reward,
             batch.discount,
             v_min,
@@ -120,10 +141,6 @@ def make_learner(
             tau_floor=tau_floor,
             sampled=sampled_target,
         )
-        if loss.needs_target_q_s:
-            q_target_s = model.apply(state.target_params, batch.obs, v_min, delta_z).q_mean
-        else:
-            q_target_s = jnp.zeros((batch.obs.shape[0], NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
         entropy_coef = losses.entropy_coefficient(jnp.float32(entropy_base), dyn.utilisation_ema)
 
         grads, parts = jax.grad(loss.loss, has_aux=True)(

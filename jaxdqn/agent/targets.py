@@ -118,11 +118,17 @@ def target_distribution(
 
 
 def average_ranks(x: chex.Array) -> chex.Array:
-    """0-based ranks of ``x`` ``[B]`` with ties given their average rank, in O(B log B)."""
-    s = jnp.sort(x)
-    left = jnp.searchsorted(s, x, side="left")
-    right = jnp.searchsorted(s, x, side="right")
-    return 0.5 * (left + right - 1).astype(x.dtype)
+    """0-based ranks of ``x`` ``[B]`` with ties given their average rank.
+
+    rank_i = #{j : x_j < x_i} + (#{j : x_j = x_i} − 1) / 2, counted by comparing all pairs:
+    one fused compare-and-count pass of O(B²) comparisons and O(B) memory (XLA does not
+    materialise the ``[B, B]`` comparisons). Integer counts, so the result is exact and equal
+    bit for bit to the sort + binary-search formulation it replaced (which cost a sort and a
+    ~50-kernel search loop per learner update on the GPU: 34 + ~50 µs at B = 4,096, issue 12).
+    """
+    less = jnp.sum(x[None, :] < x[:, None], axis=1, dtype=jnp.int32)
+    less_equal = jnp.sum(x[None, :] <= x[:, None], axis=1, dtype=jnp.int32)
+    return 0.5 * (less + less_equal - 1).astype(x.dtype)
 
 
 def rank_normalise(reward: chex.Array, reward_std_ema: chex.Array, eps: float = 1e-8):

@@ -190,3 +190,13 @@ class KernelsConfig:
         choices=BACKENDS,
     )
     kan: str = _f("auto", "P2: KAN spline gate (M4)", choices=BACKENDS)
+    fused: str = _f(
+        "auto",
+        "fewer, larger GPU kernels: the four branches (M3-M6) as one value/gate matrix product, "
+        "one gate call and one block-diagonal head product, and the learner's two "
+        "target-network passes (s' and s) as one; the same parameters, equal to the reference "
+        "to float rounding. fused | reference (one module per branch, one pass per input) | "
+        "auto: fused on accelerators, the reference on the CPU (there fusing does not speed "
+        "up training, and the reference keeps CPU runs bit-identical to earlier results)",
+        choices=("auto", "fused", "reference"),
+    )

@@ -37,6 +37,7 @@ from jax import Array
 
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES, NUM_Q
 from jaxdqn.config import ModelConfig
+from jaxdqn.model.dense import Dense
 
 __all__ = [
     "EDGES",
@@ -85,12 +86,12 @@ class QAttention(nn.Module):
         b = q.shape[0]
         x = q.reshape(b, NUM_Q)
         d = max(1, NUM_Q // self.heads)
-        qh = nn.Dense(self.heads * d, name="query")(x).reshape(b, self.heads, d)
-        kh = nn.Dense(self.heads * d, name="key")(x).reshape(b, self.heads, d)
-        vh = nn.Dense(self.heads * d, name="value")(x).reshape(b, self.heads, d)
+        qh = Dense(self.heads * d, name="query")(x).reshape(b, self.heads, d)
+        kh = Dense(self.heads * d, name="key")(x).reshape(b, self.heads, d)
+        vh = Dense(self.heads * d, name="value")(x).reshape(b, self.heads, d)
         gate = jax.nn.sigmoid(jnp.sum(qh * kh, axis=-1) / jnp.sqrt(float(d)))  # [B, heads]
         mixed = (gate[..., None] * vh).reshape(b, self.heads * d)
-        out = nn.Dense(NUM_Q, kernel_init=_zeros, bias_init=_zeros, name="out")(mixed)
+        out = Dense(NUM_Q, kernel_init=_zeros, bias_init=_zeros, name="out")(mixed)
         return (x + out).reshape(q.shape)
 
 
@@ -104,9 +105,9 @@ class GraphMessages(nn.Module):
         for (src, dst), name in zip(EDGES, _EDGE_NAMES, strict=True):
             q_s, q_d = q[:, src], q[:, dst]
             gate = jax.nn.sigmoid(
-                nn.Dense(1, name=f"{name}_gate")(jnp.concatenate([q_s, q_d], axis=-1))
+                Dense(1, name=f"{name}_gate")(jnp.concatenate([q_s, q_d], axis=-1))
             )
-            message = nn.Dense(
+            message = Dense(
                 NUM_ACTIONS, kernel_init=_zeros, bias_init=_zeros, name=f"{name}_message"
             )(q_s)
             incoming[dst] = incoming[dst] + gate * message
@@ -124,8 +125,8 @@ class Denoiser(nn.Module):
         """``q [B, 4, 3] -> [B, 4, 3]``."""
         x = q.reshape(q.shape[0], NUM_Q)
         for k in range(self.steps):
-            h = nn.silu(nn.Dense(self.hidden, name=f"step{k}_fc1")(x))
-            x = x + nn.Dense(NUM_Q, kernel_init=_zeros, bias_init=_zeros, name=f"step{k}_fc2")(h)
+            h = nn.silu(Dense(self.hidden, name=f"step{k}_fc1")(x))
+            x = x + Dense(NUM_Q, kernel_init=_zeros, bias_init=_zeros, name=f"step{k}_fc2")(h)
         return x.reshape(q.shape)
 
 

@@ -20,6 +20,12 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
 - **M7** E[Q], Var[Q], Q10/Q50/Q90 (:mod:`jaxdqn.model.distribution`).
 - **M12 selectivity**: ``sel = sigmoid(w · h + b)`` on the unmasked trunk output (off: 1).
 
+``fused`` (``kernels.fused``) computes M3–M6 for all four branches together
+(:meth:`Network._fused_branches`: one value/gate product, one gate call for direction, order and
+urgency, a block-diagonal head product) with the per-branch modules' parameters; the
+per-branch :class:`Branch` modules are the reference. Every Dense layer is
+:class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on accelerators).
+
 Parameters are one pytree with three top-level groups:
 
     main:  trunk, vsn, branch_direction, branch_magnitude, branch_order, branch_urgency
@@ -47,6 +53,7 @@ from jaxdqn.branches import BRANCH_KEYS, BRANCHES, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
+from jaxdqn.model.dense import Dense, affine
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from pallas_kernels import kan_gate, kan_gate_init
 
@@ -97,9 +104,9 @@ class Trunk(nn.Module):
     def __call__(self, obs: Array) -> Array:
         x = obs
         if self.bottleneck:
-            x = nn.Dense(self.bottleneck, name="bottleneck")(x)
-        x = nn.silu(nn.Dense(self.sh1, name="fc1")(x))
-        return nn.silu(nn.Dense(self.sh2, name="fc2")(x))
+            x = Dense(self.bottleneck, name="bottleneck")(x)
+        x = nn.silu(Dense(self.sh1, name="fc1")(x))
+        return nn.silu(Dense(self.sh2, name="fc2")(x))
 
 
 class VariableSelection(nn.Module):
@@ -109,9 +116,9 @@ class VariableSelection(nn.Module):
 
     @nn.compact
     def __call__(self, h: Array) -> tuple[Array, Array]:
-        g = nn.silu(nn.Dense(self.hidden, name="fc1")(h))
+        g = nn.silu(Dense(self.hidden, name="fc1")(h))
         # Zero last layer: the mask starts at exactly sigmoid(0) = 0.5 for every feature.
-        logits = nn.Dense(h.shape[-1], kernel_init=_zeros, bias_init=_zeros, name="fc2")(g)
+        logits = Dense(h.shape[-1], kernel_init=_zeros, bias_init=_zeros, name="fc2")(g)
         mask = jax.nn.sigmoid(logits)
         return mask * h, mask
 
@@ -146,17 +153,75 @@ class Branch(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        value = nn.Dense(self.ah, name="value")(x)
-        gate_pre = nn.Dense(self.ah, name="gate")(x)
+        value = Dense(self.ah, name="value")(x)
+        gate_pre = Dense(self.ah, name="gate")(x)
         if self.kan:
             gate = KANGate(self.grid_min, self.grid_max, self.kan_backend, name="kan")(gate_pre)
         else:
             gate = jax.nn.sigmoid(gate_pre)
         a = value * gate
         n = self.num_atoms
-        v = nn.Dense(n, name="head_value")(a)[:, None, :]
-        adv = nn.Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
+        v = Dense(n, name="head_value")(a)[:, None, :]
+        adv = Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
         return v + adv - jnp.mean(adv, axis=1, keepdims=True)
+
+
+class DenseParams(nn.Module):
+    """The ``kernel [K, F]`` and ``bias [F]`` of a :class:`~jaxdqn.model.dense.Dense` layer
+    (same names, initialisers and random streams), returned unapplied so that several layers
+    can be computed as one matrix product."""
+
+    in_features: int
+    features: int
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (self.in_features, self.features), jnp.float32
+        )
+        return kernel, self.param("bias", _zeros, (self.features,), jnp.float32)
+
+
+class KANParams(nn.Module):
+    """The ``coeffs [F, 8]`` and ``w_res [F]`` of a :class:`KANGate`, unapplied."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        coeffs = self.param("coeffs", lambda _key: kan_gate_init(self.features)[0])
+        return coeffs, self.param("w_res", lambda _key: kan_gate_init(self.features)[1])
+
+
+class BranchParams(nn.Module):
+    """The parameters of one :class:`Branch` (identical tree, names and initial values), for
+    the fused computation of all four branches in :class:`Network`."""
+
+    in_features: int
+    ah: int
+    num_atoms: int
+    kan: bool = True
+
+    @nn.compact
+    def __call__(self) -> dict[str, tuple[Array, Array]]:
+        n = self.num_atoms
+        out = {
+            "value": DenseParams(self.in_features, self.ah, name="value")(),
+            "gate": DenseParams(self.in_features, self.ah, name="gate")(),
+            "head_value": DenseParams(self.ah, n, name="head_value")(),
+            "head_advantage": DenseParams(self.ah, NUM_ACTIONS * n, name="head_advantage")(),
+        }
+        if self.kan:
+            out["kan"] = KANParams(self.ah, name="kan")()
+        return out
+
+
+def _dueling(head: Array, n: int) -> Array:
+    """M6 on fused head outputs ``[..., (1 + 3)·N]`` (value atoms, then the advantages) →
+    logits ``[..., 3, N]``."""
+    v = head[..., None, :n]
+    adv = head[..., n:].reshape(*head.shape[:-1], NUM_ACTIONS, n)
+    return v + adv - jnp.mean(adv, axis=-2, keepdims=True)
 
 
 class Selectivity(nn.Module):
@@ -164,7 +229,7 @@ class Selectivity(nn.Module):
 
     @nn.compact
     def __call__(self, h: Array) -> Array:
-        return jax.nn.sigmoid(nn.Dense(1, name="dense")(h)[:, 0])
+        return jax.nn.sigmoid(Dense(1, name="dense")(h)[:, 0])
 
 
 class Network(nn.Module):
@@ -177,6 +242,7 @@ class Network(nn.Module):
     cfg: ModelConfig
     obs_dim: int
     kan_backend: str = "auto"
+    fused: bool = True
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -184,6 +250,8 @@ class Network(nn.Module):
         use_bottleneck = 0 < c.bottleneck_dim < self.obs_dim
         h = Trunk(c.sh1, c.sh2, c.bottleneck_dim if use_bottleneck else 0, name="trunk")(obs)
         h_m = VariableSelection(c.vsn_hidden, name="vsn")(h)[0] if c.vsn else h
+        if self.fused:
+            return self._fused_branches(h_m, v_min, delta_z), h, h_m
 
         def branch(name: str) -> Branch:
             return Branch(
@@ -211,6 +279,82 @@ class Network(nn.Module):
         logits = jnp.stack([logits_dir, logits_mag, logits_ord, logits_urg], axis=1)
         return logits, h, h_m
 
+    def _fused_branches(self, h_m: Array, v_min: Array, delta_z: Array) -> Array:
+        """The four branches (M3–M6) computed together: the same function as the per-branch
+        modules, with the same parameters, in fewer and larger kernels.
+
+        With branches ordered k = (direction, order, urgency, magnitude):
+
+        1. one matrix product ``[u_k | g_k]_k = h_m [W_u^k | W_g^k]_k + b`` for every branch's
+           value and gate path (the magnitude branch's rows for h_m only);
+        2. one gate call (M4's kernel, or the sigmoid) and one head product
+           ``head_k = a_k [W_V^k | W_A^k] + b`` (block-diagonal) for direction, order and
+           urgency;
+        3. M5: the magnitude pre-activations get ``cond W^mag_cond`` (cond = the direction's
+           E[Q] / Δz, no gradient), then its gate and head. Without M5 all four go in step 2.
+
+        Returns logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`.
+        """
+        c = self.cfg
+        b, sh2 = h_m.shape
+        ah, n = c.ah, c.num_atoms
+        order = ("branch_direction", "branch_order", "branch_urgency", "branch_magnitude")
+        mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
+        prm = {
+            key: BranchParams(
+                mag_width if key == "branch_magnitude" else sh2, ah, n, c.kan, name=key
+            )()
+            for key in BRANCH_KEYS  # creation order of the per-branch modules
+        }
+        kernels = [prm[k][path][0][:sh2] for path in ("value", "gate") for k in order]
+        biases = [prm[k][path][1] for path in ("value", "gate") for k in order]
+        # [B, 8·AH]: the value paths of `order`, then their gate paths
+        pre = affine(h_m, jnp.concatenate(kernels, 1), jnp.concatenate(biases))
+
+        def gate(x: Array, keys: tuple[str, ...]) -> Array:
+            """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
+            if not c.kan:
+                return jax.nn.sigmoid(x)
+            return kan_gate(
+                x,
+                jnp.concatenate([prm[k]["kan"][0] for k in keys], 0),
+                jnp.concatenate([prm[k]["kan"][1] for k in keys], 0),
+                grid_min=c.kan_grid_min,
+                grid_max=c.kan_grid_max,
+                backend=self.kan_backend,
+            )
+
+        def heads(a: Array, keys: tuple[str, ...]) -> Array:
+            """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]``, as
+            one product with the block-diagonal matrix of the branches' ``[W_V | W_A]``: m
+            times the multiply-adds of m separate products, but one plain GEMM whose operands
+            and result keep the row-major layout (a batched product over a middle branch axis
+            made XLA transpose its operands, slower at these sizes)."""
+            w = [jnp.concatenate([prm[k]["head_value"][0], prm[k]["head_advantage"][0]], 1)
+                 for k in keys]  # fmt: skip
+            bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
+                    for k in keys]  # fmt: skip
+            w_all = w[0] if len(w) == 1 else jax.scipy.linalg.block_diag(*w)
+            out = affine(a, w_all, jnp.concatenate(bias))
+            return _dueling(out.reshape(b, len(keys), (1 + NUM_ACTIONS) * n), n)
+
+        m = 3 if c.dir_conditioning else 4
+        first = order[:m]
+        values, gates = pre[:, : m * ah], pre[:, 4 * ah : (4 + m) * ah]
+        logits = heads(values * gate(gates, first), first)
+        if not c.dir_conditioning:
+            parts = [logits[:, 0], logits[:, 3], logits[:, 1], logits[:, 2]]
+            return jnp.stack(parts, axis=1)
+        p_dir = jax.nn.softmax(logits[:, 0], axis=-1)
+        q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
+        cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
+        mag = prm["branch_magnitude"]
+        u = pre[:, 3 * ah : 4 * ah] + cond @ mag["value"][0][sh2:]
+        g = pre[:, 7 * ah :] + cond @ mag["gate"][0][sh2:]
+        logits_mag = heads(u * gate(g, ("branch_magnitude",)), ("branch_magnitude",))[:, 0]
+        parts = [logits[:, 0], logits_mag, logits[:, 1], logits[:, 2]]
+        return jnp.stack(parts, axis=1)
+
 
 @dataclasses.dataclass(frozen=True)
 class Model:
@@ -235,10 +379,13 @@ class Model:
 _COORD_KEYS = ("attention", "graph", "denoiser")
 
 
-def make_model(cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto") -> Model:
+def make_model(
+    cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto", fused: bool = True
+) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
-    ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``)."""
-    net = Network(cfg, obs_dim, kan_backend)
+    ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
+    the four branches together (``kernels.fused``; off: one module per branch)."""
+    net = Network(cfg, obs_dim, kan_backend, fused)
     sel = Selectivity()
     coord = make_coordination(cfg)
     cell = make_xlstm(cfg)
@@ -290,10 +437,10 @@ def make_model(cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto") -> 
 
 
 def init(
-    key: Array, cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto"
+    key: Array, cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto", fused: bool = True
 ) -> tuple[Params, Model]:
     """``(params, model)``: a fresh parameter tree and the model's pure functions."""
-    model = make_model(cfg, obs_dim, kan_backend=kan_backend)
+    model = make_model(cfg, obs_dim, kan_backend=kan_backend, fused=fused)
     return model.init(key), model
 
 
