@@ -69,7 +69,7 @@ def source_group(src: str | None) -> str:
     path = re.sub(r"\b(?:transpose|jvp|vmap|jit|remat|checkpoint)\(|[()]", "", op)
     parts = [p for p in path.split("/") if p and p not in ("while", "body", "eval_jaxpr")]
     for i, part in enumerate(parts):
-        if part[:1].isupper() and part not in ("ROOT",):
+        if part[:1].isupper():
             return "/".join(parts[i : i + 2])
     if frames:
         return frames.split()[0].split(":")[0]

@@ -72,8 +72,7 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     :func:`batch_sum` (a GEMM), on the CPU it is exactly ``flax.linen.Dense``'s.
 
     The formulation is chosen when the function is traced, from the platform it will run on
-    (``jax.default_backend()``): a ``lax.platform_dependent`` switch would keep both in the
-    program, and that alone changed XLA's CPU fusions enough to move results by an ulp."""
+    (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else."""
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
     return _gemm_bias(x, kernel, bias)

@@ -161,9 +161,9 @@ class Branch(nn.Module):
             gate = jax.nn.sigmoid(gate_pre)
         a = value * gate
         n = self.num_atoms
-        v = Dense(n, name="head_value")(a)[:, None, :]
+        v = Dense(n, name="head_value")(a)
         adv = Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
-        return v + adv - jnp.mean(adv, axis=1, keepdims=True)
+        return _dueling(v, adv)
 
 
 class DenseParams(nn.Module):
@@ -216,12 +216,10 @@ class BranchParams(nn.Module):
         return out
 
 
-def _dueling(head: Array, n: int) -> Array:
-    """M6 on fused head outputs ``[..., (1 + 3)·N]`` (value atoms, then the advantages) →
-    logits ``[..., 3, N]``."""
-    v = head[..., None, :n]
-    adv = head[..., n:].reshape(*head.shape[:-1], NUM_ACTIONS, n)
-    return v + adv - jnp.mean(adv, axis=-2, keepdims=True)
+def _dueling(v: Array, adv: Array) -> Array:
+    """M6: logits ``V[..., None, :] + A − mean_actions A`` from ``v [..., N]`` and
+    ``adv [..., 3, N]`` → ``[..., 3, N]``."""
+    return v[..., None, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
 
 
 class Selectivity(nn.Module):
@@ -335,8 +333,8 @@ class Network(nn.Module):
             bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
                     for k in keys]  # fmt: skip
             w_all = w[0] if len(w) == 1 else jax.scipy.linalg.block_diag(*w)
-            out = affine(a, w_all, jnp.concatenate(bias))
-            return _dueling(out.reshape(b, len(keys), (1 + NUM_ACTIONS) * n), n)
+            out = affine(a, w_all, jnp.concatenate(bias)).reshape(b, len(keys), -1)
+            return _dueling(out[..., :n], out[..., n:].reshape(b, len(keys), NUM_ACTIONS, n))
 
         m = 3 if c.dir_conditioning else 4
         first = order[:m]
