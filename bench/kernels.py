@@ -29,6 +29,7 @@ from jax import lax
 from pallas_kernels import (
     KanBlocks,
     c51_project,
+    c51_project_dense,
     c51_project_reference,
     fallbacks,
     kan_gate,
@@ -96,6 +97,21 @@ def rlax_style_projection(probs, atoms, v_min, delta_z):
     return jax.vmap(one_row)(probs, atoms)
 
 
+def dense_src_major(probs, atoms, v_min, delta_z):
+    """The dense pull with the destination atoms on the minor axis: ``[R, N_src, N_dst]``
+    reduced over the sources (a column reduction), the alternative layout to
+    ``c51_project_dense``'s ``[R, N_dst, N_src]`` row reduction."""
+    n = probs.shape[-1]
+    b = jnp.clip((atoms - v_min) * (1.0 / delta_z), 0.0, n - 1)
+    low = jnp.floor(b)
+    frac = (b - low)[..., None]
+    low = low.astype(jnp.int32)[..., None]
+    dest = jnp.arange(n, dtype=jnp.int32)
+    p = probs[..., None]
+    w = jnp.where(dest == low, p * (1.0 - frac), jnp.where(dest == low + 1, p * frac, 0.0))
+    return jnp.sum(w, axis=-2)
+
+
 def p1_inputs(key, rows, n=N_ATOMS):
     kl, kr, kg = jax.random.split(key, 3)
     probs = jax.nn.softmax(2.0 * jax.random.normal(kl, (rows, n)), axis=-1)
@@ -136,6 +152,7 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--sweep-p2", action="store_true", help="also sweep KAN tilings")
+    ap.add_argument("--only-p1", action="store_true", help="copy bandwidth and P1 rows only")
     args = ap.parse_args(argv)
     smoke = args.smoke
     backend = "interpret" if smoke else "pallas"
@@ -185,7 +202,8 @@ def main(argv=None):
     del sets
 
     # -- P1
-    p1_sizes = [40] if smoke else [4096, 65536, 262144]
+    # 16,384 rows = the learner's B·4 at B = 4,096
+    p1_sizes = [40] if smoke else [4096, 16384, 65536, 262144]
     p1_configs = [(16, 4)] if smoke else [(32, 4), (16, 2), (64, 4)]
     best_p1 = p1_configs[0]
     for rows in p1_sizes:
@@ -218,6 +236,26 @@ def main(argv=None):
         )
         scat_sec = time_op(c51_project_reference, sets, reps)
         record("P1", "jnp scatter reference", f"R={rows}", scat_sec, nbytes, rlax_sec)
+        major_sec = time_op(dense_src_major, sets, reps)
+        record(
+            "P1",
+            "jnp dense pull, sources major",
+            f"R={rows}",
+            major_sec,
+            nbytes,
+            rlax_sec,
+            err=rel(dense_src_major(*sets[0]), want),
+        )
+        dense_sec = time_op(c51_project_dense, sets, reps)
+        record(
+            "P1",
+            "jnp dense pull (deterministic)",
+            f"R={rows}",
+            dense_sec,
+            nbytes,
+            rlax_sec,
+            err=rel(c51_project_dense(*sets[0]), want),
+        )
         fn = functools.partial(
             c51_project, backend=backend, block_rows=best_p1[0], num_warps=best_p1[1]
         )
@@ -233,87 +271,97 @@ def main(argv=None):
         )
         del sets
 
-    # -- P2
-    feats = 40 if smoke else 1024
-    p2_sizes = [37] if smoke else [4096, 65536]
-    fwd_configs = (
-        [KanBlocks(16, 16, 4, 8, 16, 4, 8)]
-        if smoke
-        else [
-            KanBlocks(32, 128, 4),
-            KanBlocks(16, 256, 4),
-            KanBlocks(64, 128, 8),
-            KanBlocks(8, 512, 4),
-        ]
-    )
-    bwd_configs = (
-        [(8, 16, 4, 8)]
-        if smoke
-        else [
-            (8, 128, 4, 1024),
-            (16, 128, 8, 1024),
-            (8, 256, 8, 1024),
-            (4, 256, 4, 2048),
-            (8, 128, 4, 4096),
-        ]
-    )
-    best = fwd_configs[0] if smoke else KanBlocks()  # the defaults, unless swept
-    for rows in p2_sizes:
-        elems = rows * feats
-        k_sets = n_sets(16 * elems)
-        sets = [
-            kan_inputs(k, rows, feats)
-            for k in jax.random.split(jax.random.fold_in(key, rows), 2 * k_sets)
-        ]
-        fwd_sets = [s[:3] for s in sets]
-        x, c, w, g = sets[0]
-        if rows == p2_sizes[-1] and args.sweep_p2 and not smoke:
-            ft = {}
-            for cfg in fwd_configs:
-                fn = lambda x, c, w, cfg=cfg: kan_gate(x, c, w, backend=backend, blocks=cfg)
-                ft[cfg] = time_op(fn, fwd_sets, reps)
-                print(f"  sweep P2 fwd {tuple(cfg[:3])}: {ft[cfg] * 1e6:.1f} us", flush=True)
-            fwd_best = min(ft, key=ft.get)
-            bt = {}
-            for bcfg in bwd_configs:
-                cfg = KanBlocks(*fwd_best[:3], *bcfg)
-                fn = fwd_bwd(
-                    lambda x, c, w, cfg=cfg: kan_gate(x, c, w, backend=backend, blocks=cfg)
-                )
-                bt[cfg] = time_op(fn, sets, reps)
-                print(f"  sweep P2 fwd+bwd {bcfg}: {bt[cfg] * 1e6:.1f} us", flush=True)
-            best = min(bt, key=bt.get)
-        ref_fwd = jax.jit(kan_gate_reference)
-        ref_sec = time_op(ref_fwd, fwd_sets, reps)
-        record("P2", "fwd: XLA-fused jnp reference", f"B={rows},F={feats}", ref_sec, 8 * elems)
-        gate = functools.partial(kan_gate, backend=backend, blocks=best)
-        fn = jax.jit(gate)
-        sec = time_op(fn, fwd_sets, reps)
-        record(
-            "P2",
-            "fwd: Pallas",
-            f"B={rows},F={feats}",
-            sec,
-            8 * elems,
-            ref_sec,
-            err=rel(fn(x, c, w), ref_fwd(x, c, w)),
+    best = None
+    if not args.only_p1:
+        # -- P2
+        feats = 40 if smoke else 1024
+        p2_sizes = [37] if smoke else [4096, 65536]
+        fwd_configs = (
+            [KanBlocks(16, 16, 4, 8, 16, 4, 8)]
+            if smoke
+            else [
+                KanBlocks(32, 128, 4),
+                KanBlocks(16, 256, 4),
+                KanBlocks(64, 128, 8),
+                KanBlocks(8, 512, 4),
+            ]
         )
-        ref_fb = jax.jit(fwd_bwd(kan_gate_reference))
-        ref_sec = time_op(ref_fb, sets, reps)
-        record("P2", "fwd+bwd: XLA-fused jnp reference", f"B={rows},F={feats}", ref_sec, 16 * elems)
-        fn = jax.jit(fwd_bwd(gate))
-        sec = time_op(fn, sets, reps)
-        errs = [rel(a, b) for a, b in zip(fn(x, c, w, g), ref_fb(x, c, w, g), strict=True)]
-        record(
-            "P2", "fwd+bwd: Pallas", f"B={rows},F={feats}", sec, 16 * elems, ref_sec, err=max(errs)
+        bwd_configs = (
+            [(8, 16, 4, 8)]
+            if smoke
+            else [
+                (8, 128, 4, 1024),
+                (16, 128, 8, 1024),
+                (8, 256, 8, 1024),
+                (4, 256, 4, 2048),
+                (8, 128, 4, 4096),
+            ]
         )
-        del sets, fwd_sets
+        best = fwd_configs[0] if smoke else KanBlocks()  # the defaults, unless swept
+        for rows in p2_sizes:
+            elems = rows * feats
+            k_sets = n_sets(16 * elems)
+            sets = [
+                kan_inputs(k, rows, feats)
+                for k in jax.random.split(jax.random.fold_in(key, rows), 2 * k_sets)
+            ]
+            fwd_sets = [s[:3] for s in sets]
+            x, c, w, g = sets[0]
+            if rows == p2_sizes[-1] and args.sweep_p2 and not smoke:
+                ft = {}
+                for cfg in fwd_configs:
+                    fn = lambda x, c, w, cfg=cfg: kan_gate(x, c, w, backend=backend, blocks=cfg)
+                    ft[cfg] = time_op(fn, fwd_sets, reps)
+                    print(f"  sweep P2 fwd {tuple(cfg[:3])}: {ft[cfg] * 1e6:.1f} us", flush=True)
+                fwd_best = min(ft, key=ft.get)
+                bt = {}
+                for bcfg in bwd_configs:
+                    cfg = KanBlocks(*fwd_best[:3], *bcfg)
+                    fn = fwd_bwd(
+                        lambda x, c, w, cfg=cfg: kan_gate(x, c, w, backend=backend, blocks=cfg)
+                    )
+                    bt[cfg] = time_op(fn, sets, reps)
+                    print(f"  sweep P2 fwd+bwd {bcfg}: {bt[cfg] * 1e6:.1f} us", flush=True)
+                best = min(bt, key=bt.get)
+            ref_fwd = jax.jit(kan_gate_reference)
+            ref_sec = time_op(ref_fwd, fwd_sets, reps)
+            record("P2", "fwd: XLA-fused jnp reference", f"B={rows},F={feats}", ref_sec, 8 * elems)
+            gate = functools.partial(kan_gate, backend=backend, blocks=best)
+            fn = jax.jit(gate)
+            sec = time_op(fn, fwd_sets, reps)
+            record(
+                "P2",
+                "fwd: Pallas",
+                f"B={rows},F={feats}",
+                sec,
+                8 * elems,
+                ref_sec,
+                err=rel(fn(x, c, w), ref_fwd(x, c, w)),
+            )
+            ref_fb = jax.jit(fwd_bwd(kan_gate_reference))
+            ref_sec = time_op(ref_fb, sets, reps)
+            record(
+                "P2", "fwd+bwd: XLA-fused jnp reference", f"B={rows},F={feats}", ref_sec, 16 * elems
+            )
+            fn = jax.jit(fwd_bwd(gate))
+            sec = time_op(fn, sets, reps)
+            errs = [rel(a, b) for a, b in zip(fn(x, c, w, g), ref_fb(x, c, w, g), strict=True)]
+            record(
+                "P2",
+                "fwd+bwd: Pallas",
+                f"B={rows},F={feats}",
+                sec,
+                16 * elems,
+                ref_sec,
+                err=max(errs),
+            )
+            del sets, fwd_sets
 
     if fallbacks():
         print(f"WARNING: kernels fell back to the reference: {fallbacks()}", flush=True)
     print(
         f"\nP1 config: block_rows={best_p1[0]}, num_warps={best_p1[1]}; "
-        f"P2 config: {tuple(best)} (KanBlocks)"
+        f"P2 config: {tuple(best) if best else 'not measured'} (KanBlocks)"
     )
     print(f"copy bandwidth (elementwise, read+write): {copy_bw / 1e9:.0f} GB/s\n")
     print("| kernel | op | size | median µs | GB/s | of copy bw | speed-up vs baseline | rel err |")
@@ -333,7 +381,7 @@ def main(argv=None):
                     device=dev.device_kind,
                     rows=rows_out,
                     p1=best_p1,
-                    p2=list(best),
+                    p2=list(best) if best else None,
                     copy_bw=copy_bw,
                 ),
                 fh,

@@ -1,9 +1,12 @@
 """``python -m jaxdqn.evaluate RUN_DIR [--split val|test] [--checkpoint best|latest|STEP] [k=v]``
 
 Walks a saved agent deterministically over a split (:func:`jaxdqn.evaluation.walk.walk`) and
-writes ``RUN_DIR/eval/eval_<split>.csv`` and ``metrics_<split>.json``. Data, env (costs) and
-eval keys may be overridden (evaluate on another instrument); the network must match the
-checkpoint. Bad config or data: one line on stderr, exit code 2.
+writes ``RUN_DIR/eval/eval_<split>.csv`` and ``metrics_<split>.json``: each seed's metrics and
+``statistics``, the population statistics of the split against the baselines walked on the same
+bars (bootstrap intervals, PSR, DSR over the run's val trials in ``metrics.jsonl``, SPA;
+:mod:`jaxdqn.program.run_statistics`). Data, env (costs) and eval keys may be overridden
+(evaluate on another instrument); the network must match the checkpoint. Bad config or data:
+one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ def _main(argv) -> int:
 
     from jaxdqn import config as config_lib
     from jaxdqn.agent.build import build_agent, make_init
+    from jaxdqn.evaluation.baselines import run_baselines
     from jaxdqn.market import market as market_lib
-    from jaxdqn.program import checkpoint, runtime
+    from jaxdqn.program import checkpoint, run_statistics, runtime
     from jaxdqn.program.results import write_eval_log
     from jaxdqn.program.walks import walk_seed
 
@@ -84,12 +88,22 @@ def _main(argv) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = [walk_seed(agent, prepared, cfg.eval, state, args.split, s) for s in range(num_seeds)]
     log_path = write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
+    base_logs: dict = {}
+    run_baselines(cfg, prepared, splits=(args.split,), logs=base_logs)
+    stats = run_statistics.split_statistics(
+        cfg,
+        [r.log for r in results],
+        base_logs,
+        args.split,
+        run_statistics.selection_trials(run_dir),
+    )
     payload = {
         "run_dir": str(run_dir),
         "checkpoint_step": step,
         "split": args.split,
         "overrides": list(args.overrides),
         "seeds": [r.metrics for r in results],
+        "statistics": stats,
     }
     metrics_path = out / f"metrics_{args.split}.json"
     metrics_path.write_text(json.dumps(payload, indent=2, default=float))
@@ -100,6 +114,8 @@ def _main(argv) -> int:
             f"max_drawdown {m['max_drawdown']:.3f}  annual_return {m['annual_return']:.3f}  "
             f"turnover {m['turnover']:.4f}"
         )
+    for line in run_statistics.summary_lines(stats):
+        print(line)
     print(f"checkpoint {step}; wrote {log_path} and {metrics_path}")
     return 0
 

@@ -8,6 +8,10 @@ directory: ``config.yaml``, ``metrics.jsonl``, TensorBoard files under ``tb/``,
 JAX's persistent compilation cache is on (``--compile-cache DIR``, ``--no-compile-cache``) and
 the GPU XLA flags are added (``--no-xla-flags``): :mod:`jaxdqn.program.runtime`.
 
+Many processes (``jax.distributed``): ``--coordinator HOST:PORT --num-processes N --process-id
+I``, or a cluster launcher JAX detects (SLURM ``srun``, Open MPI, Kubernetes JobSet); every
+process runs the same command and only process 0 writes (:mod:`jaxdqn.program.distributed`).
+
 ``--resume DIR`` continues a run from its latest checkpoint with the config saved in the run
 (``train.epochs=N`` may be raised to train longer; other overrides are refused). SIGINT saves a
 checkpoint and exits with code 130. Bad config or data: one line on stderr, exit code 2. A run
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.program import cli, runtime
+from jaxdqn.program import cli, distributed, runtime
 
 RESUMABLE_KEYS = ("train.epochs",)
 
@@ -39,7 +43,9 @@ def choose_run_dir(run_dir: str | None, root: str = "runs") -> Path:
                 "it, or choose another name)"
             )
         return p
-    base = Path(root) / time.strftime("%Y%m%d-%H%M%S")
+    # (under jax.distributed every process names the same directory: process 0's clock)
+    stamp = time.localtime(distributed.same_on_all(int(time.time())))
+    base = Path(root) / time.strftime("%Y%m%d-%H%M%S", stamp)
     p, k = base, 1
     while p.exists():
         p = base.with_name(f"{base.name}-{k}")
@@ -78,8 +84,10 @@ def _main(argv: Sequence[str] | None) -> int:
         "--no-progress", action="store_true", help="plain log lines instead of the progress bar"
     )
     runtime.add_arguments(parser)
+    distributed.add_arguments(parser)
     args = parser.parse_args(argv)
     runtime.configure_from_args(args)
+    distributed.initialize(args)
 
     # Imported here so that --help and config errors answer without loading JAX programs.
     from jaxdqn.program import checkpoint, loop
@@ -94,11 +102,15 @@ def _main(argv: Sequence[str] | None) -> int:
     else:
         cfg = cli.load_config(args)
         run_dir = choose_run_dir(args.run_dir)
+    # Every process has checked the directory before any writes into it.
+    distributed.sync("jaxdqn-run-dir")
+    primary = distributed.is_primary()
     try:
         trainer = loop.Trainer(
             cfg, run_dir, resume=args.resume is not None, progress=not args.no_progress
         )
-        print(f"run directory: {run_dir}", flush=True)
+        if primary:
+            print(f"run directory: {run_dir}", flush=True)
         summary = trainer.run()
     except KeyboardInterrupt:
         print(
@@ -110,6 +122,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except (loop.TrainingError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if summary is None:  # a process other than 0 under jax.distributed: it writes nothing
+        return 0
     test = summary["test"]
     bh = summary["baselines"].get("buy_and_hold", {}).get("test", {})
     print(

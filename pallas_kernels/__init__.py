@@ -7,12 +7,13 @@ Both take backend in {"auto", "pallas", "interpret", "reference"}.
 
 from pallas_kernels._backend import BACKENDS, fallbacks
 from pallas_kernels.kan import KanBlocks, kan_gate, kan_gate_init, kan_gate_reference
-from pallas_kernels.projection import c51_project, c51_project_reference
+from pallas_kernels.projection import c51_project, c51_project_dense, c51_project_reference
 
 __all__ = [
     "BACKENDS",
     "KanBlocks",
     "c51_project",
+    "c51_project_dense",
     "c51_project_reference",
     "fallbacks",
     "kan_gate",

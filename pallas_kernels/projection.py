@@ -42,7 +42,7 @@ from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
 
-__all__ = ["c51_project", "c51_project_pallas", "c51_project_reference"]
+__all__ = ["c51_project", "c51_project_dense", "c51_project_pallas", "c51_project_reference"]
 
 DEFAULT_BLOCK_ROWS = 32
 DEFAULT_NUM_WARPS = 4
@@ -66,6 +66,16 @@ def _check(probs: jax.Array, src_atoms: jax.Array, v_min, delta_z, name: str):
     return probs, src_atoms, v_min, delta_z
 
 
+def _split(probs, src_atoms, v_min, delta_z):
+    """Rows ``[R, N]`` of ``(p_j, ⌊b_j⌋ int32, f_j)``: where each source atom lands."""
+    n = probs.shape[-1]
+    # times the reciprocal, exactly as the kernel does (on-support atoms stay on support alike)
+    b = (src_atoms - v_min[..., None]) * (1.0 / delta_z[..., None])
+    b = jnp.clip(b, 0.0, n - 1).reshape(-1, n)
+    low = jnp.floor(b)
+    return probs.reshape(-1, n), low.astype(jnp.int32), b - low
+
+
 def c51_project_reference(
     probs: jax.Array, src_atoms: jax.Array, v_min: jax.Array | float, delta_z: jax.Array | float
 ) -> jax.Array:
@@ -82,18 +92,31 @@ def c51_project_reference(
     """
     probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
     shape = probs.shape
-    n = shape[-1]
-    # times the reciprocal, exactly as the kernel does (on-support atoms stay on support alike)
-    b = (src_atoms - v_min[..., None]) * (1.0 / delta_z[..., None])
-    b = jnp.clip(b, 0.0, n - 1).reshape(-1, n)
-    p = probs.reshape(-1, n)
-    low = jnp.floor(b)
-    frac = b - low
-    low = low.astype(jnp.int32)
+    p, low, frac = _split(probs, src_atoms, v_min, delta_z)
     rows = jnp.arange(p.shape[0])[:, None]
     out = jnp.zeros_like(p).at[rows, low].add(p * (1.0 - frac))
     out = out.at[rows, low + 1].add(p * frac, mode="drop")  # low + 1 = N only with frac = 0
     return out.reshape(shape)
+
+
+def c51_project_dense(
+    probs: jax.Array, src_atoms: jax.Array, v_min: jax.Array | float, delta_z: jax.Array | float
+) -> jax.Array:
+    """Categorical projection as a "pull" in jnp: every destination atom sums its weighted
+    sources, out_i = Σ_j p_j · w_ij with w_ij = 1 − f_j if i = ⌊b_j⌋, f_j if i = ⌊b_j⌋ + 1,
+    else 0 (the reference's two terms, computed identically; only the order of the sum
+    differs). One writer per output and no scatter: the result does not depend on the order
+    in which a GPU runs threads (``train.deterministic``). Written as a reduction over j of an
+    elementwise ``[R, N, N]`` expression, which XLA fuses (nothing of that size is stored).
+    Arguments and result as :func:`c51_project_reference`.
+    """
+    probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
+    shape = probs.shape
+    n = shape[-1]
+    p, low, frac = (x[:, None, :] for x in _split(probs, src_atoms, v_min, delta_z))  # [R,1,N]
+    dest = jnp.arange(n, dtype=jnp.int32)[None, :, None]  # [1, N_dst, 1]
+    w = jnp.where(dest == low, p * (1.0 - frac), jnp.where(dest == low + 1, p * frac, 0.0))
+    return jnp.sum(w, axis=-1).reshape(shape)
 
 
 def _c51_kernel(p_ref, z_ref, vmin_ref, dz_ref, *rest, n, block_rows, lanes, per_row):
@@ -247,8 +270,9 @@ def c51_project_pallas(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
 def _project(p, z, v_min, delta_z, mode, block_rows, num_warps):
-    if mode == "reference":
-        return c51_project_reference(
+    if mode in ("reference", "dense"):
+        fn = c51_project_reference if mode == "reference" else c51_project_dense
+        return fn(
             p, z, v_min if v_min.size > 1 else v_min[0], delta_z if delta_z.size > 1 else delta_z[0]
         )
     out = c51_project_pallas(
@@ -324,17 +348,23 @@ def c51_project(
     backend: str = "auto",
     block_rows: int = DEFAULT_BLOCK_ROWS,
     num_warps: int = DEFAULT_NUM_WARPS,
+    fallback: str = "reference",
 ) -> jax.Array:
     """Categorical (C51) projection; arguments and result as `c51_project_reference`.
 
     backend: "auto" (Pallas on GPU, reference elsewhere), "pallas", "interpret" (the kernel
-    under the Pallas interpreter, for CPU tests) or "reference". The Pallas paths compute in
-    float32. Differentiable through a custom_vjp: the exact gradient w.r.t. probs (the
-    projection is linear in it) and zeros w.r.t. src_atoms, v_min and delta_z, so a stray
-    jax.grad through a target works instead of failing to linearise the kernel.
+    under the Pallas interpreter, for CPU tests), "reference" (jnp scatter-add) or "dense"
+    (:func:`c51_project_dense`, a jnp pull: no scatter, deterministic on GPUs). The Pallas
+    paths compute in float32. Differentiable through a custom_vjp: the exact gradient w.r.t.
+    probs (the projection is linear in it) and zeros w.r.t. src_atoms, v_min and delta_z, so a
+    stray jax.grad through a target works instead of failing to linearise the kernel.
+    fallback: what runs when the Pallas kernel cannot be built here ("reference" or "dense";
+    a deterministic caller asks for "dense").
     """
     probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
-    mode = _backend.resolve(backend, "c51_project")
+    if fallback not in ("reference", "dense"):
+        raise ValueError(f"c51_project: fallback must be reference or dense, got {fallback!r}")
+    mode = "dense" if backend == "dense" else _backend.resolve(backend, "c51_project")
     shape = probs.shape
     n = shape[-1]
     p = probs.reshape(-1, n)
@@ -348,5 +378,5 @@ def c51_project(
     if mode == "pallas":
         key = ("c51_project", n, per_row, block_rows, num_warps)
         if not _backend.kernel_available(key, _build_probe(n, per_row, block_rows, num_warps)):
-            mode = "reference"
+            mode = fallback
     return _project(p, z, v_min, delta_z, mode, block_rows, num_warps).reshape(shape)

@@ -1,4 +1,5 @@
-"""E3 evaluator: the per-bar log, its bookkeeping on hand-built bars, determinism, metrics."""
+"""E3 evaluator: the per-bar log, its bookkeeping on hand-built bars, determinism, metrics; the
+cost stress (jaxdqn.evaluation.cost_stress)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 
 from jaxdqn import config
-from jaxdqn.evaluation import metrics
+from jaxdqn.evaluation import cost_stress, metrics
 from jaxdqn.evaluation import walk as evaluate
 from jaxdqn.market import env
 from jaxdqn.market import market as market_setup
@@ -164,3 +165,62 @@ def test_e3_prepare_bar_ranges_start_after_the_warmup():
     assert p.dates[p.splits.val[0]] == pd.Timestamp("2013-01-02")
     with pytest.raises(ValueError, match="unknown split"):
         p.bar_range("holdout")
+
+
+def test_e3_cost_stress_walks_every_multiple_in_one_program():
+    p = _sp500()
+    lo, hi = p.bar_range("test")
+    key = jax.random.PRNGKey(2)
+    stressed = cost_stress.stress_walk(p.market, p.env_params, lo, hi, _random, key, p.dates)
+    assert len(stressed) == len(cost_stress.COST_MULTIPLES) == 4
+    # 1× is the plain walk and 0× the walk with every cost set to zero, bar for bar
+    plain = evaluate.walk(p.market, p.env_params, lo, hi, _random, key, p.dates)
+    pd.testing.assert_frame_equal(stressed[1].log, plain.log)
+    assert stressed[1].metrics == plain.metrics
+    free = evaluate.walk(
+        p.market, cost_stress.scale_costs(p.env_params, 0.0), lo, hi, _random, key, p.dates
+    )
+    pd.testing.assert_frame_equal(stressed[0].log, free.log)
+    assert (stressed[0].log["cost"] == 0.0).all() and (stressed[1].log["cost"] > 0).any()
+    # the same actions at every multiple; the random policy trades every bar, so each step up in
+    # costs lowers the return and the Sharpe
+    for res in stressed:
+        np.testing.assert_array_equal(res.log["direction"], plain.log["direction"])
+    sharpe = [r.metrics["sharpe"] for r in stressed]
+    ret = [r.metrics["annual_return"] for r in stressed]
+    assert sharpe == sorted(sharpe, reverse=True) and len(set(sharpe)) == 4
+    assert ret == sorted(ret, reverse=True)
+    # the cost paid scales with the multiple (the traded notional barely moves)
+    paid = np.array([r.log["cost"].sum() for r in stressed])
+    np.testing.assert_allclose(paid[2:] / paid[1], [2.0, 3.0], rtol=0.02)
+
+
+def test_e3_cost_stress_scales_every_cost_and_walks_impact_statically():
+    params = env.EnvParams(half_spread=2e-4, commission=1e-4, impact_eta=0.1, limit_through=5e-4)
+    twice = cost_stress.scale_costs(params, 2.0)
+    assert (twice.half_spread, twice.commission, twice.impact_eta) == pytest.approx(
+        (4e-4, 2e-4, 0.2)
+    )
+    assert twice.limit_through == params.limit_through and twice.window == params.window
+    assert cost_stress.cost_bps(twice) == pytest.approx(
+        {"half_spread_bps": 4.0, "commission_bps": 2.0, "impact_eta": 0.2}
+    )
+    with pytest.raises(ValueError, match="cost multiple"):
+        cost_stress.scale_costs(params, -1.0)
+    # with impact on, each multiple is walked with its own static parameters
+    p = _sp500()
+    lo, hi = p.bar_range("val")
+    base = env.EnvParams(**{**p.env_params.__dict__, "impact_eta": 0.5})
+    key = jax.random.PRNGKey(0)
+    got = cost_stress.stress_walk(p.market, base, lo, hi, _constant(2), key, p.dates, (0.0, 2.0))
+    hand = env.EnvParams(
+        **{
+            **base.__dict__,
+            "half_spread": 2 * base.half_spread,
+            "commission": 2 * base.commission,
+            "impact_eta": 1.0,
+        }
+    )
+    want = evaluate.walk(p.market, hand, lo, hi, _constant(2), key, p.dates)
+    pd.testing.assert_frame_equal(got[1].log, want.log)
+    assert (got[0].log["cost"] == 0.0).all() and got[1].log["cost"].iloc[0] > 0

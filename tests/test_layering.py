@@ -10,7 +10,7 @@ a higher layer or a sibling package of its own layer:
     4  jaxdqn.agent
     5  jaxdqn.evaluation
     6  jaxdqn.program            the only layer that does I/O
-    7  jaxdqn.train | evaluate | baselines | ablate thin ``python -m`` entry points
+    7  jaxdqn.train | evaluate | baselines | ablate | walkforward  thin ``python -m`` entry points
 
 Every ``import`` statement counts, also those inside functions and under ``TYPE_CHECKING``.
 """
@@ -26,13 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("jaxdqn", "pallas_kernels")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pallas_kernels",),
-    ("jaxdqn.branches",),
+    ("jaxdqn.branches", "jaxdqn.shards"),
     ("jaxdqn.config",),
     ("jaxdqn.market", "jaxdqn.model"),
     ("jaxdqn.agent",),
     ("jaxdqn.evaluation",),
     ("jaxdqn.program",),
-    ("jaxdqn.train", "jaxdqn.evaluate", "jaxdqn.baselines", "jaxdqn.ablate"),
+    ("jaxdqn.train", "jaxdqn.evaluate", "jaxdqn.baselines", "jaxdqn.ablate", "jaxdqn.walkforward"),
 )
 MAX_LINES = 500
 MAX_LOOP_LINES = 250

@@ -13,7 +13,9 @@ import pytest
 
 from jaxdqn import config
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
-from jaxdqn.evaluation.walk import LOG_COLUMNS
+from jaxdqn.evaluation.walk import LOG_COLUMNS, EvalResult
+from jaxdqn.market import env
+from jaxdqn.program import run_statistics
 from jaxdqn.program.logger import RunLogger
 from jaxdqn.program.plots import Markers, drawdown
 from jaxdqn.program.report import write_report
@@ -352,3 +354,133 @@ def test_e3_markers_restarts_resets_rewinds():
         [{"epoch": e, "rewinds": r} for e, r in [(1, [0, 0]), (2, [0, 1]), (3, [0, 1])]]
     )
     assert counted.rewinds == [2] and counted.restarts == []
+
+
+def _stress_walks(seeds: int) -> list[list[EvalResult]]:
+    """Fake walks ``[S][M]`` at 0×..3× costs whose Sharpe falls by 0.5 per multiple."""
+    return [
+        [
+            EvalResult(
+                log=None,
+                metrics={
+                    "sharpe": 1.0 + 0.1 * s - 0.5 * k,
+                    "annual_return": 0.1 - 0.02 * k,
+                    "max_drawdown": -0.1 - 0.01 * k,
+                    "annual_turnover": 20.0,
+                },
+            )
+            for k in range(4)
+        ]
+        for s in range(seeds)
+    ]
+
+
+def test_e3_report_statistics_and_cost_stress_sections(tmp_path):
+    run = tmp_path / "run"
+    _make_run(run, seeds=3)
+    summary = read_summary(run)
+    seed_logs = [g for _, g in read_eval_log(run / "eval_test.csv").groupby("seed")]
+    bars = seed_logs[0]["date"]
+    rng = np.random.default_rng(1)
+    base_logs = {
+        ("flat", "test"): pd.DataFrame({"date": bars, "return": np.zeros(N_BARS)}),
+        ("buy_and_hold", "test"): pd.DataFrame(
+            {"date": bars, "return": 0.001 * rng.standard_normal(N_BARS)}
+        ),
+        ("oracle_market_low", "test"): pd.DataFrame({"date": bars, "return": np.ones(N_BARS)}),
+    }
+    # the DSR's trials: every seed's val Sharpe at every epoch of metrics.jsonl
+    trials = run_statistics.selection_trials(run)
+    assert trials[0].shape == (3 * N_EPOCHS,)
+    assert trials[1].startswith("seeds × checkpoints compared on val: 3 × 6")
+    cfg = config.load(overrides=["train.num_seeds=3"])
+    stats = run_statistics.split_statistics(cfg, seed_logs, base_logs, "test", trials, reps=200)
+    assert set(stats["spa"]["baselines"]) == {"flat", "buy_and_hold"}  # no oracle executions
+    assert stats["dsr"]["num_trials"] == 18 and stats["bootstrap"]["seed"] == cfg.eval.key
+    summary["statistics"] = {"test": stats}
+    multiples = (0.0, 1.0, 2.0, 3.0)
+    summary["cost_stress"] = run_statistics.cost_stress_table(
+        env.EnvParams(), multiples, _stress_walks(3)
+    )
+    assert summary["cost_stress"]["rows"][2]["mean"]["sharpe"] == pytest.approx(0.1)
+    write_summary(run, summary)
+    text = write_report(run).read_text()
+
+    assert "## Statistics" in text and "### test" in text
+    row = stats["seeds"][1]
+    assert (
+        f"| seed 1 | {row['sharpe']:.3f} | [{row['sharpe_low']:.3f}, {row['sharpe_high']:.3f}] "
+        f"| {row['psr_zero']:.3f} | {row['psr_reference']:.3f} | {row['dsr']:.3f} |"
+    ) in text
+    assert f"| **mean of 3 seeds** | {stats['mean']['sharpe']:.3f} | [" in text
+    assert "DSR: N = 18 trials (seeds × checkpoints compared on val: 3 × 6" in text
+    assert "| baseline | p consistent | p lower | p upper |" in text
+    assert "| **agent beats every baseline** (largest p) |" in text
+    assert "| some baseline beats the agent (reverse) |" in text
+    assert "## Cost stress (test)" in text
+    assert (
+        "| 2.0× | 2.00 | 2.00 | 0.00 | 0.100 | 0.060 | -0.120 | 20.000 | 0.000 / 0.100 / 0.200 |"
+        in text
+    )
+    images = {p.name for p in _images(run / "report.md")}
+    assert images == EXPECTED_PNGS | {"cost_stress.png"}
+    _assert_pngs(_images(run / "report.md"))
+
+    # without arch: the reason instead of the SPA table
+    bare = {k: v for k, v in stats.items() if k != "spa"}
+    bare["unavailable"] = "arch not installed: No module named 'arch'"
+    write_summary(run, {**summary, "statistics": {"test": bare}})
+    text = write_report(run).read_text()
+    assert "_arch not installed: No module named 'arch'._" in text and "Hansen" not in text
+
+    # the schema is checked
+    bad = {**stats, "seeds": [{"seed": 0, "sharpe": "high"}]}
+    with pytest.raises(ValueError, match=r"statistics\.test\.seeds\[0\]\.sharpe"):
+        write_summary(run, {**summary, "statistics": {"test": bad}})
+    with pytest.raises(ValueError, match=r"statistics\.test\.dsr\.trials"):
+        write_summary(run, {**summary, "statistics": {"test": {**stats, "dsr": {}}}})
+    rows = [{**summary["cost_stress"]["rows"][0], "multiple": None}]
+    with pytest.raises(ValueError, match=r"cost_stress\.rows\[0\]\.multiple"):
+        write_summary(run, {**summary, "cost_stress": {"rows": rows}})
+    # baselines walked on other bars are refused
+    shifted = {("flat", "test"): pd.DataFrame({"date": bars + pd.Timedelta(days=1), "return": 0.0})}
+    with pytest.raises(ValueError, match="bars differ"):
+        run_statistics.split_statistics(cfg, seed_logs, shifted, "test", trials)
+
+
+def test_e3_report_statistics_of_one_seed(tmp_path):
+    run = tmp_path / "run"
+    _make_run(run, seeds=1)
+    log = read_eval_log(run / "eval_test.csv")
+    bars = log["date"]
+    base = {("buy_and_hold", "test"): pd.DataFrame({"date": bars, "return": log["return"] * 0.5})}
+    cfg = config.load()
+    trials = run_statistics.selection_trials(run)
+    assert trials[0].shape == (N_EPOCHS,)
+    stats = run_statistics.split_statistics(cfg, [log], base, "test", trials, reps=100)
+    summary = read_summary(run)
+    summary["statistics"] = {"test": stats}
+    summary["cost_stress"] = run_statistics.cost_stress_table(
+        env.EnvParams(), (0.0, 1.0, 2.0, 3.0), _stress_walks(1)
+    )
+    write_summary(run, summary)
+    text = write_report(run).read_text()
+    assert "| **mean (1 seed)** |" in text and "sharpe per seed" not in text
+    assert "| 0.0× | 0.00 | 0.00 | 0.00 | 1.000 |" in text
+    lines = run_statistics.summary_lines(stats)
+    assert (
+        lines[1].startswith("  seed 0: sharpe ") and "SPA p (consistent): buy_and_hold" in lines[-1]
+    )
+
+
+def test_e3_dsr_trials_are_every_seed_at_every_epoch(tmp_path):
+    # the loop logs the seed mean as val_sharpe and each seed's in val_sharpe_seeds
+    with RunLogger(tmp_path, tensorboard=False, console=False) as log:
+        for e, seeds in enumerate([[0.5, -0.1], [None, 0.3], [0.7, 0.2]], start=1):
+            mean = float(np.nanmean([np.nan if v is None else v for v in seeds]))
+            log.log_epoch({"epoch": e, "val_sharpe": mean, "val_sharpe_seeds": seeds})
+        log.log_epoch({"epoch": 4, "fault": True})  # a fault record carries no validation
+    sharpes, what = run_statistics.selection_trials(tmp_path)
+    np.testing.assert_allclose(sharpes, [0.5, -0.1, 0.3, 0.7, 0.2])  # the NaN seed dropped
+    assert what.startswith("seeds × checkpoints compared on val: 2 × 3")
+    assert run_statistics.selection_trials(tmp_path / "none")[0] is None

@@ -328,3 +328,30 @@ def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed(tmp_
     ckpt.close()
     assert all(x.shape[0] == 2 for x in jax.tree.leaves(state.params))
     assert "2 seeds" in (tmp_path / "run" / "report.md").read_text()
+
+
+def _checkpoint_crcs(run_dir):
+    """Every checkpoint's CRC-32 of every state leaf, as recorded at save time."""
+    out = {}
+    for meta in sorted((Path(run_dir) / "checkpoints").glob("*/meta/metadata")):
+        out[meta.parent.parent.name] = [leaf[3] for leaf in json.loads(meta.read_text())["leaves"]]
+    return out
+
+
+def test_o6_same_command_twice_is_bit_identical(full_run, tmp_path):
+    """Issue 16 on the CPU: the smoke run's command again gives byte-identical metrics.jsonl
+    (minus wall-clock fields), summary.json (minus wall time and provenance) and checkpoints."""
+    ref, _ = full_run
+    res = _train(["--config", str(SMOKE), "--run-dir", "again", *FAST], tmp_path, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    again = tmp_path / "again"
+    assert _records(again) == _records(ref)
+    strip = lambda s: {k: v for k, v in s.items() if k not in ("wall_time_s", "provenance")}
+    a = json.loads((ref / "summary.json").read_text())
+    b = json.loads((again / "summary.json").read_text())
+    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+    assert _checkpoint_crcs(again) == _checkpoint_crcs(ref) and _checkpoint_crcs(ref)
+    assert a["provenance"]["deterministic"] is True and a["provenance"]["seed"] == 0
+    for key in ("jax", "jaxlib", "device_kind", "xla_flags", "config_sha256", "git_commit"):
+        assert key in a["provenance"]
+    assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]

@@ -71,8 +71,9 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
         return (env_state, next_obs), row
 
     key, sub = jax.random.split(state.key)
+    # Split over devices each device acts in its own environments with its own draws.
     (env_state, obs), rollout = jax.lax.scan(
-        body, (state.env, state.obs), jax.random.split(sub, agent.acting.steps)
+        body, (state.env, state.obs), jax.random.split(agent.shards.fold(sub), agent.acting.steps)
     )
     return state.replace(env=env_state, obs=obs, key=key), rollout
 
@@ -92,16 +93,17 @@ def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
     flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
     scale = flat.selectivity if agent.selectivity else jnp.ones_like(flat.reward)
     replay_state = agent.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
-    return state.replace(
-        replay=replay_state,
-        nstep=nstep_state,
-        dynamics=agent.dynamics.observe_rollout(state.dynamics, flat.reward, valid.reshape(-1)),
+    shards = agent.shards  # the reward std is over every device's transitions
+    observed = agent.dynamics.observe_rollout(
+        state.dynamics, shards.gather(flat.reward), shards.gather(valid.reshape(-1))
     )
+    return state.replace(replay=replay_state, nstep=nstep_state, dynamics=observed)
 
 
 def learn(agent: Agent, state: TrainState):
     """``U`` learner updates under ``lax.scan`` (skipped until the replay is warm)."""
-    ready = state.replay.size >= agent.learning_starts
+    # Split over devices: the transitions stored on all of them (the same on every device).
+    ready = agent.shards.sum(state.replay.size) >= agent.learning_starts
 
     def run(s):
         s, metrics = jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, agent.updates)
@@ -127,15 +129,16 @@ def iteration(
     state = store(agent, state, rollout)
     state, metrics = learn(agent, state)
     finished = rollout.done.astype(jnp.float32)
+    shards = agent.shards  # means and sums over every device's environments
     metrics.update(
-        reward_mean=rollout.reward.mean(),
+        reward_mean=shards.mean(rollout.reward.mean()),
         reward_std_ema=state.dynamics.reward_std_ema,
-        episodes_done=finished.sum(),
-        episode_return_sum=jnp.sum(rollout.episode_return * finished),
-        position_abs_mean=jnp.abs(rollout.position).mean(),
-        traded_mean=rollout.traded.mean(),
-        selectivity_mean=rollout.selectivity.mean(),
-        replay_size=state.replay.size.astype(jnp.float32),
+        episodes_done=shards.sum(finished.sum()),
+        episode_return_sum=shards.sum(jnp.sum(rollout.episode_return * finished)),
+        position_abs_mean=shards.mean(jnp.abs(rollout.position).mean()),
+        traded_mean=shards.mean(rollout.traded.mean()),
+        selectivity_mean=shards.mean(rollout.selectivity.mean()),
+        replay_size=shards.sum(state.replay.size).astype(jnp.float32),
         finite=all_finite(state.params)
         & ((metrics["learning"] == 0) | jnp.isfinite(metrics["loss"])),
     )

@@ -25,6 +25,7 @@ from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES
 from jaxdqn.config import KernelsConfig, LossConfig, ReplayConfig
 from jaxdqn.model.network import Model
+from jaxdqn.shards import ONE_DEVICE, Shards
 
 __all__ = ["Batch", "Learner", "beta_schedule", "make_learner"]
 
@@ -34,7 +35,7 @@ class Batch(NamedTuple):
 
     obs: chex.Array  # [B, D]
     actions: chex.Array  # int32 [B, 4]
-    reward: chex.Array  # [B] n-step return (rank-normalised when L5 is on)
+    reward: chex.Array  # [B] n-step return (raw; ``step`` rank-normalises it when L5 is on)
     discount: chex.Array  # [B] γⁿ or 0
     next_obs: chex.Array  # [B, D]
     weights: chex.Array  # [B] importance weights
@@ -49,11 +50,13 @@ def beta_schedule(updates: chex.Array, beta0: float, anneal_updates: int) -> che
 
 @dataclasses.dataclass(frozen=True)
 class Learner:
-    """``update(state) -> (state, metrics)`` (from :func:`make_learner`); ``sample(state,
-    key) -> Batch`` is exposed for tests and benchmarks."""
+    """``update(state) -> (state, metrics)`` (from :func:`make_learner`) = ``sample(state,
+    key) -> Batch`` then ``step(state, batch, key) -> (state, metrics)``; both are exposed for
+    tests (e.g. one given batch on one device vs split over several) and benchmarks."""
 
     update: Callable[[TrainState], tuple[TrainState, dict[str, chex.Array]]]
     sample: Callable[[TrainState, chex.PRNGKey], Batch]
+    step: Callable[[TrainState, Batch, chex.PRNGKey], tuple[TrainState, dict[str, chex.Array]]]
 
 
 def make_learner(
@@ -68,10 +71,12 @@ def make_learner(
     dynamics: Dynamics,
     tau_floor: float = 1e-6,
     fused: bool = False,
+    shards: Shards = ONE_DEVICE,
 ) -> Learner:
     """Factory of the learner update for the given config sections and agent pieces
     (``tau_floor``: L2's temperature floor in Q units; ``fused``: one target-network pass over
-    [s'; s] where the loss needs both, ``kernels.fused`` resolved)."""
+    [s'; s] where the loss needs both, ``kernels.fused`` resolved; ``shards``: the devices one
+    agent's batch is split over, ``replay_cfg.batch_size`` being this device's rows)."""
     batch_size, prioritised = replay_cfg.batch_size, replay_cfg.prioritised
     beta0, anneal = replay_cfg.priority_beta0, replay_cfg.beta_anneal_updates
     rank_rewards = loss_cfg.rank_rewards
@@ -85,30 +90,34 @@ def make_learner(
     sampled_target = loss_cfg.sampled_target
 
     def sample(state: TrainState, key: chex.PRNGKey) -> Batch:
-        """L8 prioritised sample (+ L5 rank normalisation of its rewards)."""
+        """L8 prioritised sample of this device's ``B/D`` rows (raw n-step rewards)."""
         beta = beta_schedule(state.updates, beta0, anneal)
-        items, indices, weights = replay.sample(state.replay, key, batch_size, beta)
-        reward = items.reward
-        if rank_rewards:
-            reward = targets.rank_normalise(reward, state.dynamics.reward_std_ema)
+        items, indices, weights = replay.sample(state.replay, key, batch_size, beta, shards)
         if not prioritised:
             weights = jnp.ones_like(weights)
         return Batch(
             obs=items.obs,
             actions=items.action,
-            reward=reward,
+            reward=items.reward,
             discount=items.discount,
             next_obs=items.next_obs,
             weights=weights,
             indices=indices,
         )
 
-    def update(state: TrainState) -> tuple[TrainState, dict[str, chex.Array]]:
+    def step(
+        state: TrainState, batch: Batch, k_target: chex.PRNGKey
+    ) -> tuple[TrainState, dict[str, chex.Array]]:
+        """Everything after the sample: L5 → targets → losses → optax → priorities → target
+        network → statistics. With the batch split over devices (``shards``) the gradients
+        and every batch statistic are global, so each device applies the same update."""
         dyn = state.dynamics
-        key, k_sample, k_target = jax.random.split(state.key, 3)
         v_min, delta_z = dynamics.grid(dyn)
+        b = batch.obs.shape[0]
+        if rank_rewards:
+            ranked = targets.rank_normalise(shards.gather(batch.reward), dyn.reward_std_ema)
+            batch = batch._replace(reward=shards.rows(ranked, b))
 
-        batch = sample(state, k_sample)
         two_passes = loss.needs_target_q_s
         if two_passes and fused:
             # One target-network pass over [s'; s]: the network is row-wise (no batch
@@ -119,7 +128,6 @@ def make_learner(
                 v_min,
                 delta_z,
             )
-            b = batch.obs.shape[0]
             next_probs, next_q = both.probs[:b], both.q_mean[:b]
             q_target_s = both.q_mean[b:]
         else:
@@ -128,7 +136,7 @@ def make_learner(
             if two_passes:
                 q_target_s = model.apply(state.target_params, batch.obs, v_min, delta_z).q_mean
             else:
-                q_target_s = jnp.zeros((batch.obs.shape[0], NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
+                q_target_s = jnp.zeros((b, NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
         target = targets.target_distribution(
             k_target,
             next_probs,
@@ -140,6 +148,7 @@ def make_learner(
             backend=projection,
             tau_floor=tau_floor,
             sampled=sampled_target,
+            shards=shards,
         )
         entropy_coef = losses.entropy_coefficient(jnp.float32(entropy_base), dyn.utilisation_ema)
 
@@ -157,6 +166,9 @@ def make_learner(
             dyn.xlstm,
             dyn.last_stats,
         )
+        # Every loss term is a mean over this device's (equally many) rows: the mean of the
+        # devices' gradients is the global batch's gradient.
+        grads = shards.mean(grads)
         upd, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, upd)
         updates = state.updates + 1
@@ -174,13 +186,15 @@ def make_learner(
             target_params = optax.incremental_update(params, state.target_params, polyak_tau)
 
         # L7, M13, M14 and the EMAs from what this batch showed.
+        # (global rows: every device observes the same batch and keeps the same statistics)
+        utilisation = shards.mean(parts.utilisation)
         dyn, dyn_metrics = dynamics.observe_batch(
             dyn,
             BatchObservation(
-                q_mean=parts.q_mean,
-                td=target.td,
-                reward=batch.reward,
-                utilisation=parts.utilisation,
+                q_mean=shards.gather(parts.q_mean),
+                td=shards.gather(target.td),
+                reward=shards.gather(batch.reward),
+                utilisation=utilisation,
                 xlstm=parts.xlstm_state,
                 context=parts.context,
             ),
@@ -191,10 +205,9 @@ def make_learner(
             opt_state=opt_state,
             replay=replay_state,
             dynamics=dyn,
-            key=key,
             updates=updates,
         )
-        metrics = {
+        means = {
             "loss": parts.total,
             "loss_c51": parts.c51,
             "loss_spread": parts.spread,
@@ -203,17 +216,25 @@ def make_learner(
             "loss_coord": parts.coord,
             "loss_select": parts.select,
             "loss_xlstm": parts.xlstm,
-            "grad_norm": optax.tree.norm(grads),
-            **dyn_metrics,
-            "atom_utilisation": parts.utilisation,
             "entropy": parts.mean_entropy,
-            "entropy_coef": entropy_coef,
             "priority_mean": parts.per_sample.mean(),
-            "priority_max": parts.per_sample.max(),
             "is_weight_mean": batch.weights.mean(),
             "td_target_mean": target.td.mean(),
+        }
+        metrics = {
+            **shards.mean(means),
+            "grad_norm": optax.tree.norm(grads),
+            **dyn_metrics,
+            "atom_utilisation": utilisation,
+            "entropy_coef": entropy_coef,
+            "priority_max": shards.max(parts.per_sample.max()),
             "end_atom_mass": target.end_mass,
         }
         return new_state, metrics
 
-    return Learner(update=update, sample=sample)
+    def update(state: TrainState) -> tuple[TrainState, dict[str, chex.Array]]:
+        key, k_sample, k_target = jax.random.split(state.key, 3)
+        batch = sample(state, shards.fold(k_sample))
+        return step(state.replace(key=key), batch, k_target)
+
+    return Learner(update=update, sample=sample, step=step)

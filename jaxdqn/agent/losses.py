@@ -19,6 +19,7 @@ from jaxdqn.agent.targets import Target
 from jaxdqn.config import LossConfig, ModelConfig
 from jaxdqn.model.network import Model
 from jaxdqn.model.xlstm import XLSTMState
+from jaxdqn.shards import ONE_DEVICE, Shards
 
 
 def c51_cross_entropy(
@@ -35,8 +36,21 @@ def c51_cross_entropy(
     """
     chex.assert_rank([logits, actions, target_probs], [3, 1, 2])
     log_p = jax.nn.log_softmax(logits, axis=-1)
-    taken = jnp.take_along_axis(log_p, actions[:, None, None], axis=1)[:, 0]  # [4, N]
+    taken = pick(log_p, actions, axis=1)  # [4, N]
     return -jnp.sum(jax.lax.stop_gradient(target_probs) * taken, axis=-1)
+
+
+def pick(x: chex.Array, index: chex.Array, axis: int) -> chex.Array:
+    """``x`` at ``index`` along ``axis`` (``index`` has ``x``'s shape without that axis and
+    any trailing axes), by a one-hot select: the value is exactly ``take_along_axis``'s, and
+    its gradient is a select too (one writer per element), where ``take_along_axis``'s is a
+    scatter-add whose order a GPU does not fix (``train.deterministic``)."""
+    choices = jnp.arange(x.shape[axis], dtype=index.dtype)
+    shape = [1] * x.ndim
+    shape[axis] = x.shape[axis]
+    hot = index.reshape(*index.shape[:axis], 1, *index.shape[axis:])
+    hot = hot.reshape(*hot.shape, *([1] * (x.ndim - hot.ndim))) == choices.reshape(shape)
+    return jnp.sum(jnp.where(hot, x, 0.0), axis=axis)
 
 
 def challenger(actions: chex.Array, q: chex.Array) -> chex.Array:
@@ -144,9 +158,10 @@ def binary_cross_entropy(p: chex.Array, target: chex.Array, eps: float = 1e-6) -
     return -(target * jnp.log(p) + (1.0 - target) * jnp.log1p(-p))
 
 
-def selectivity_target(per_sample_loss: chex.Array) -> chex.Array:
-    """L6 selectivity label: clip(loss_i / mean loss, 0, 1) ``[B]`` (no gradient)."""
-    m = jnp.maximum(jnp.mean(per_sample_loss), 1e-12)
+def selectivity_target(per_sample_loss: chex.Array, shards: Shards = ONE_DEVICE) -> chex.Array:
+    """L6 selectivity label: clip(loss_i / mean loss, 0, 1) ``[B]`` (no gradient; the mean over
+    the global batch when it is split over devices)."""
+    m = jnp.maximum(shards.mean(jnp.mean(per_sample_loss)), 1e-12)
     return jax.lax.stop_gradient(jnp.clip(per_sample_loss / m, 0.0, 1.0))
 
 
@@ -187,7 +202,12 @@ class Loss:
 
 
 def make_loss(
-    cfg: LossConfig, model_cfg: ModelConfig, model: Model, *, reward_unit: float = 1.0
+    cfg: LossConfig,
+    model_cfg: ModelConfig,
+    model: Model,
+    *,
+    reward_unit: float = 1.0,
+    shards: Shards = ONE_DEVICE,
 ) -> Loss:
     """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches.
 
@@ -202,6 +222,11 @@ def make_loss(
     - L6: denoiser MSE against the target network's Q at s, Huber of the coordinated Q of the
       taken actions against the scalar TD target (M9/M10), selectivity BCE (M12), and the
       xLSTM's prediction of this batch's mean Q from the previous batch's statistics (M13).
+
+    With the batch split over devices (``shards``) every term is a per-device mean over equally
+    many rows, so the mean over devices of its gradient is the global batch's gradient; the
+    batch-level quantities inside (M8's mean, the selectivity label's mean loss, M13's mean Q)
+    are global.
     """
     spread_on, entropy_on, aux_on = cfg.spread, cfg.entropy, cfg.aux_training
     branch_weight = tuple(w * cfg.spread_weight for w in cfg.spread_branch_scale)
@@ -257,14 +282,14 @@ def make_loss(
             if denoiser:
                 denoise = jnp.mean(jnp.square(q_coord - q_target_s))
             if coordination:
-                taken = jnp.take_along_axis(q_coord, actions[..., None], axis=2)[..., 0]
+                taken = pick(q_coord, actions, axis=2)
                 coord = jnp.mean(huber(taken - target.td))
             if selectivity:
-                label = selectivity_target(per_sample_sg)
+                label = selectivity_target(per_sample_sg, shards)
                 select = jnp.mean(binary_cross_entropy(out.selectivity, label))
             if xlstm_on:
                 xl, (new_xlstm, context) = model.xlstm.prediction_loss(
-                    params["xlstm"], xlstm_state, last_stats, q_sg.mean()
+                    params["xlstm"], xlstm_state, last_stats, shards.mean(q_sg.mean())
                 )
         total = c51 + spread + ent + denoise + coord + select + xl
         parts = LossParts(

@@ -54,6 +54,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxdqn.config import ConfigError
+from jaxdqn.shards import ONE_DEVICE, Shards
 
 __all__ = [
     "Replay",
@@ -116,7 +117,11 @@ class Replay:
         items with ``valid`` False are written but get probability 0.
       add_scaled: ``(state, items, scale, valid=None) -> state``: ``add`` with priorities
         ``max_priority(state) · scale`` (M12: ``scale`` is the selectivity prediction ``[E]``).
-      sample: ``(state, key, batch_size, beta) -> Sample`` (``batch_size`` a Python int).
+      sample: ``(state, key, batch_size, beta, shards=Shards()) -> Sample`` (``batch_size`` a
+        Python int). Split over ``D`` devices (one agent data-parallel) each device holds its
+        own replay shard and draws ``batch_size`` rows from it, stratified by its own total;
+        item ``i`` of shard ``d`` is drawn with probability ``q_i / (D · total_d)`` and the IS
+        weights are normalised by the largest weight of the global batch (``shards.min``).
       set_priorities: ``(state, indices [B], priorities [B]) -> state`` (duplicates: max wins;
         indices at or beyond ``size`` are ignored).
       max_priority: ``(state) -> float32 []``.
@@ -292,14 +297,23 @@ def make_prioritised_replay(
     ) -> ReplayState:
         return add(state, items, state.max_priority * scale, valid)
 
-    def sample(state: ReplayState, key: jax.Array, batch_size: int, beta: Any) -> Sample:
+    def sample(
+        state: ReplayState, key: jax.Array, batch_size: int, beta: Any, shards: Shards = ONE_DEVICE
+    ) -> Sample:
         total = state.tree[0][0]
         strata = jnp.arange(batch_size, dtype=jnp.float32)
         targets = (strata + jax.random.uniform(key, (batch_size,))) * (total / batch_size)
         indices = tree_search(state.tree, targets)
         mass = state.tree[-1][indices]
         # w_i / max_j w_j = (min_j P(j) / P(i))^β; zero only if the buffer is empty.
-        ratio = jnp.min(jnp.where(mass > 0, mass, jnp.inf)) / jnp.where(mass > 0, mass, 1.0)
+        if shards.active:
+            # One shard of D: P(i) = mass_i / (D · total_d) (each device draws B/D rows from
+            # its own tree); the normalising max weight is over the global batch.
+            prob = mass / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
+            low = shards.min(jnp.min(jnp.where(mass > 0, prob, jnp.inf)))
+            ratio = low / jnp.where(mass > 0, prob, 1.0)
+        else:
+            ratio = jnp.min(jnp.where(mass > 0, mass, jnp.inf)) / jnp.where(mass > 0, mass, 1.0)
         weights = jnp.where(mass > 0, jnp.power(ratio, jnp.asarray(beta, jnp.float32)), 0.0)
         items = jax.tree.map(lambda buf: buf[indices], state.storage)
         return Sample(items=items, indices=indices, is_weights=weights)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import chex
+import jax
 from flax import struct
 
 from jaxdqn.agent.dynamics import DynamicsState
@@ -19,7 +20,7 @@ from jaxdqn.agent.nstep import NStepState
 from jaxdqn.agent.replay import ReplayState
 from jaxdqn.market.env import EnvState
 
-__all__ = ["TrainState"]
+__all__ = ["TrainState", "fold_keys"]
 
 
 @struct.dataclass
@@ -37,3 +38,8 @@ class TrainState:
     key: chex.PRNGKey
     iteration: chex.Array  # int32, iterations run
     updates: chex.Array  # int32, learner updates applied
+
+
+def fold_keys(state: TrainState, salt: int) -> TrainState:
+    """``state`` (leading seed axis) with ``salt`` folded into every seed's key."""
+    return state.replace(key=jax.vmap(lambda k: jax.random.fold_in(k, salt))(state.key))

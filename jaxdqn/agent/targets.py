@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
+from jaxdqn.shards import ONE_DEVICE, Shards
 
 TAU_REL_FLOOR = 0.01
 
@@ -72,6 +73,7 @@ def target_distribution(
     backend: str = "auto",
     tau_floor: float = 1e-6,
     sampled: bool = True,
+    shards: Shards = ONE_DEVICE,
 ) -> Target:
     """L2 + projection: the categorical target r + γⁿ·Z(s', a') on the current support.
 
@@ -88,11 +90,14 @@ def target_distribution(
       v_min, delta_z: scalars of the current support.
       backend: P1 implementation; tau_floor: L2 temperature floor in Q units.
       sampled: L2 on (sample a′); off: a′ = argmax E[Q′] (the plain DQN target).
+      shards: the devices the batch is split over; a′ is drawn for the global batch (its
+        ``[B·D, 4, 3]`` expectations gathered) and this device's rows kept, so the draws are
+        those of one device holding the whole batch; ``end_mass`` is the global mean.
     """
     chex.assert_rank([probs_next, q_next, reward, discount], [4, 3, 1, 1])
     b, nb, _, n = probs_next.shape
     if sampled:
-        a_next = sample_next_actions(key, q_next, tau_floor)
+        a_next = shards.rows(sample_next_actions(key, shards.gather(q_next), tau_floor), b)
     else:
         a_next = jnp.argmax(q_next, axis=-1).astype(jnp.int32)
     p = jnp.take_along_axis(probs_next, a_next[:, :, None, None], axis=2)[:, :, 0]  # [B,4,N]
@@ -105,10 +110,12 @@ def target_distribution(
         v_min,
         delta_z,
         backend=backend,
+        # a pull backend falls back to the other pull (no scatter), never to the scatter
+        fallback="dense" if backend in ("pallas", "dense") else "reference",
     ).reshape(b, nb, n)
     q_sel = jnp.take_along_axis(q_next, a_next[:, :, None], axis=2)[:, :, 0]
     td = reward[:, None] + discount[:, None] * q_sel
-    end_mass = jnp.mean(projected[..., 0] + projected[..., -1])
+    end_mass = shards.mean(jnp.mean(projected[..., 0] + projected[..., -1]))
     return Target(
         jax.lax.stop_gradient(projected),
         jax.lax.stop_gradient(td),

@@ -22,6 +22,7 @@ from jaxdqn.config.sections import (
     ReplayConfig,
     SyntheticConfig,
     TrainConfig,
+    WalkForwardConfig,
 )
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "ReplayConfig",
     "SyntheticConfig",
     "TrainConfig",
+    "WalkForwardConfig",
     "commented_yaml",
     "describe",
     "dump",

@@ -184,10 +184,13 @@ class KernelsConfig:
     """Which implementation runs each Pallas kernel (auto: Pallas on GPU, jnp elsewhere)."""
 
     projection: str = _f(
-        "reference",
-        "P1: C51 projection; the jnp scatter reference measured faster than the Pallas kernel "
-        "on the H200 (bench/RESULTS.md)",
-        choices=BACKENDS,
+        "auto",
+        "P1: C51 projection. reference = jnp scatter-add (measured faster than the Pallas kernel "
+        "on the H200, bench/RESULTS.md; its float adds land in a varying order on a GPU), "
+        "dense = jnp pull (one writer per output: deterministic), pallas | interpret = the "
+        "Triton pull kernel (deterministic; falls back to dense where it cannot be built), "
+        "auto = pallas on accelerators with train.deterministic, else reference",
+        choices=("auto", "reference", "dense", "pallas", "interpret"),
     )
     kan: str = _f("auto", "P2: KAN spline gate (M4)", choices=BACKENDS)
     fused: str = _f(

@@ -1,23 +1,24 @@
 """The config sections: one small frozen dataclass per concept.
 
-========== ====================================================================================
-section    what it configures
-========== ====================================================================================
-data       where the bars come from and how they are split (E2); ``data.synthetic``: the
-           planted-signal market
-features   causal features and the observation window (E2)
-env        the vectorised market environment and its costs (E1)
-model      network sizes and the M1–M13 component switches
-acting     the acting half of the iteration: environments, steps, A1–A3
-replay     prioritised replay and the learner's sample (L8)
-optim      optimisers, updates per iteration and the learning-rate schedule (O1–O3)
-loss       the learner's targets and losses (L1–L6) and the target network
-dynamics   training statistics: EMAs, adaptive support (L7), M14 liquid time constants
-kernels    which implementation runs each Pallas kernel (P1, P2)
-eval       deterministic evaluation walks (E3)
-baselines  parameters of the baseline strategies
-train      the host-side epoch loop: epochs, plateau logic (O5, O6), checkpoints, seeds
-========== ====================================================================================
+============ ==================================================================================
+section      what it configures
+============ ==================================================================================
+data         where the bars come from and how they are split (E2); ``data.synthetic``: the
+             planted-signal market
+features     causal features and the observation window (E2)
+env          the vectorised market environment and its costs (E1)
+model        network sizes and the M1–M13 component switches
+acting       the acting half of the iteration: environments, steps, A1–A3
+replay       prioritised replay and the learner's sample (L8)
+optim        optimisers, updates per iteration and the learning-rate schedule (O1–O3)
+loss         the learner's targets and losses (L1–L6) and the target network
+dynamics     training statistics: EMAs, adaptive support (L7), M14 liquid time constants
+kernels      which implementation runs each Pallas kernel (P1, P2)
+eval         deterministic evaluation walks (E3), the statistics' bootstrap, the cost stress
+baselines    parameters of the baseline strategies
+train        the host-side epoch loop: epochs, plateau logic (O5, O6), checkpoints, seeds
+walkforward  the folds of ``python -m jaxdqn.walkforward``: anchored or rolling, purge, embargo
+============ ==================================================================================
 
 Every field carries a one-line ``help`` (shown by ``--help``) and, where it applies,
 ``choices`` or bounds; :mod:`jaxdqn.config.loading` validates them. Checks that involve more
@@ -28,6 +29,8 @@ defaults *are* the CPU-friendly embedded default (``configs/default.yaml`` mirro
 from __future__ import annotations
 
 import datetime
+import itertools
+import re
 from dataclasses import dataclass
 
 from jaxdqn.branches import NUM_BRANCHES
@@ -61,6 +64,7 @@ __all__ = [
     "ReplayConfig",
     "SyntheticConfig",
     "TrainConfig",
+    "WalkForwardConfig",
     "check_cross_fields",
 ]
 
@@ -106,12 +110,23 @@ class DataConfig:
         {}, "map of the file's column names to date/open/high/low/close/volume (e.g. {Px: close})"
     )
     split: str = _f(
-        "date", "how train/val/test are cut: by dates or by fractions", choices=("date", "fraction")
+        "date",
+        "how train/val/test are cut: by dates, by fractions, or as explicit bar ranges (bars)",
+        choices=("date", "fraction", "bars"),
     )
     train_end: str = _f("2012-12-31", "last date of the train split (split=date)")
     val_end: str = _f("2015-12-31", "last date of the val split; test runs to the end (split=date)")
     train_frac: float = _f(0.7, "fraction of bars in train (split=fraction)", lo=0.05, hi=0.95)
     val_frac: float = _f(0.15, "fraction of bars in val (split=fraction)", lo=0.01, hi=0.9)
+    train_bars: tuple[int, ...] = _f(
+        (), "[start, stop): the train split's rows (split=bars; a walk-forward fold writes them)"
+    )
+    val_bars: tuple[int, ...] = _f(
+        (), "[start, stop): val rows (split=bars); val start >= train stop (a gap = purge)"
+    )
+    test_bars: tuple[int, ...] = _f(
+        (), "[start, stop): test rows (split=bars); test start >= val stop, stop <= the bars"
+    )
     min_split_rows: int = _f(
         20, "fewest bars each of train (after the feature warmup), val and test may have", lo=2
     )
@@ -201,6 +216,16 @@ class EvalConfig:
         choices=("greedy", "boltzmann"),
     )
     key: int = _f(1234, "fixed PRNG seed of evaluation sampling (A1) and the random baseline")
+    bootstrap_reps: int = _f(
+        1000,
+        "stationary-bootstrap replications of every Sharpe confidence interval and SPA test",
+        lo=10,
+    )
+    cost_multiples: tuple[float, ...] = _f(
+        (0.0, 1.0, 2.0, 3.0),
+        "cost stress: multiples of the configured costs the best checkpoint's test walk is "
+        "repeated at (increasing, >= 0, must include 1: the test walk itself)",
+    )
 
 
 @dataclass(frozen=True)
@@ -243,6 +268,58 @@ class TrainConfig:
     keep_latest: int = _f(2, "most recent checkpoints kept", lo=1)
     max_faults: int = _f(3, "consecutive non-finite iterations before the run stops", lo=1)
     num_seeds: int = _f(1, "independent agents trained in one program (vmapped)", lo=1)
+    deterministic: bool = _f(
+        True,
+        "bit-identical reruns on the same hardware (same seed, config and compiled programs): "
+        "on accelerators the C51 projection runs as the Triton pull kernel instead of "
+        "scatter-adds (kernels.projection=auto; H200: 44 vs 22 us of a 1,456 us update); the "
+        "CPU is deterministic either way. A fresh compilation may pick other GEMM/fusion "
+        "tilings (XLA autotuning), so bit-identical reruns need the same compiled programs: "
+        "the compilation cache (on by default) provides them; bench/RESULTS.md (issue 16)",
+    )
+    devices: int = _f(
+        0,
+        "devices the program uses: 0 = every device JAX sees (every local GPU; every process's "
+        "under jax.distributed), N = the first N",
+        lo=0,
+    )
+    mesh: str = _f(
+        "auto",
+        "how the devices are split: seed = the population's seeds over the devices (no "
+        "communication), data = one agent data-parallel (environments, replay and batch split, "
+        "gradients averaged), SEEDxDATA (e.g. 2x4), auto = seed gcd(num_seeds, devices) x the "
+        "rest data; a run resumes on the same mesh shape",
+    )
+
+
+@dataclass(frozen=True)
+class WalkForwardConfig:
+    """Walk-forward folds (``python -m jaxdqn.walkforward``): fold k is train | purge | val |
+    purge | test; the K test segments follow each other and the last ends at the last bar
+    (:mod:`jaxdqn.market.folds` has the arithmetic)."""
+
+    mode: str = _f(
+        "anchored",
+        "anchored: every fold trains from the first bar; rolling: on a window of `train` length",
+        choices=("anchored", "rolling"),
+    )
+    unit: str = _f(
+        "years",
+        "unit of train/val/test: bars, or calendar years (whole months) counted back from the "
+        "last bar",
+        choices=("bars", "years"),
+    )
+    folds: int = _f(4, "number of folds, i.e. of consecutive out-of-sample test segments", lo=1)
+    train: float = _f(0.0, "rolling: length of the train window (anchored: unused, 0)", lo=0.0)
+    val: float = _f(1.0, "val length of every fold (model selection)", lo=0.0)
+    test: float = _f(1.0, "test length of every fold (out of sample)", lo=0.0)
+    purge: int = _f(5, "bars left out between train and val and between val and test", lo=0)
+    embargo: int = _f(
+        0,
+        "rolling: the bars right after each test segment that no later fold trains on "
+        "(de Prado's embargo; a window reaching them starts after them); anchored: must be 0",
+        lo=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -263,6 +340,9 @@ class Config:
     eval: EvalConfig = _sub(EvalConfig, "evaluation")
     baselines: BaselineConfig = _sub(BaselineConfig, "baseline strategies")
     train: TrainConfig = _sub(TrainConfig, "the epoch loop, plateau logic, checkpoints")
+    walkforward: WalkForwardConfig = _sub(
+        WalkForwardConfig, "walk-forward folds (python -m jaxdqn.walkforward)"
+    )
 
     def __post_init__(self):
         check_cross_fields(self)
@@ -317,6 +397,11 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError("model.kan_grid_max: must be greater than model.kan_grid_min")
     if len(cfg.loss.spread_branch_scale) != NUM_BRANCHES:
         raise ConfigError(f"loss.spread_branch_scale: need {NUM_BRANCHES} values")
+    mesh = str(cfg.train.mesh).strip().lower()
+    if mesh not in ("auto", "seed", "data") and not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", mesh):
+        raise ConfigError(
+            f"train.mesh: {cfg.train.mesh!r} is not auto, seed, data or SEEDxDATA (e.g. 2x4)"
+        )
     r, a = cfg.replay, cfg.acting
     if r.batch_size > r.capacity or r.learning_starts > r.capacity:
         raise ConfigError("replay.capacity: must hold replay.batch_size and replay.learning_starts")
@@ -336,3 +421,50 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError("dynamics.liquid_tau_min: must be <= dynamics.liquid_tau_max")
     if b.macd_slow <= b.macd_fast:
         raise ConfigError("baselines.macd_slow: must be greater than baselines.macd_fast")
+    if d.split == "bars":
+        _check_bar_ranges(d)
+    _check_cost_multiples(cfg.eval.cost_multiples)
+    _check_walkforward(cfg.walkforward)
+
+
+def _check_bar_ranges(d: DataConfig) -> None:
+    """split=bars: three ordered, non-overlapping [start, stop) ranges (gaps allowed)."""
+    ranges = {"train_bars": d.train_bars, "val_bars": d.val_bars, "test_bars": d.test_bars}
+    for k, r in ranges.items():
+        if len(r) != 2 or not 0 <= r[0] < r[1]:
+            raise ConfigError(
+                f"data.{k}: split=bars needs [start, stop) with 0 <= start < stop, got {list(r)}"
+            )
+    if d.val_bars[0] < d.train_bars[1]:
+        raise ConfigError("data.val_bars: must start at or after the end of data.train_bars")
+    if d.test_bars[0] < d.val_bars[1]:
+        raise ConfigError("data.test_bars: must start at or after the end of data.val_bars")
+
+
+def _check_cost_multiples(multiples: tuple[float, ...]) -> None:
+    if any(not 0 <= k < float("inf") for k in multiples) or 1.0 not in multiples:
+        raise ConfigError(
+            f"eval.cost_multiples: need numbers >= 0 that include 1, got {list(multiples)}"
+        )
+    if any(b <= a for a, b in itertools.pairwise(multiples)):
+        raise ConfigError(f"eval.cost_multiples: must be increasing, got {list(multiples)}")
+
+
+def _check_walkforward(w: WalkForwardConfig) -> None:
+    lengths = {"val": w.val, "test": w.test}
+    if w.mode == "rolling":
+        lengths["train"] = w.train
+    elif w.train != 0:
+        raise ConfigError("walkforward.train: only rolling folds have a train window; set 0")
+    for k, v in lengths.items():
+        if v <= 0:
+            raise ConfigError(f"walkforward.{k}: must be > 0 ({w.unit}), got {v}")
+        if w.unit == "bars" and v != int(v):
+            raise ConfigError(f"walkforward.{k}: a whole number of bars (unit=bars), got {v}")
+        if w.unit == "years" and abs(12 * v - round(12 * v)) > 1e-9:
+            raise ConfigError(f"walkforward.{k}: a whole number of months (unit=years), got {v}")
+    if w.mode == "anchored" and w.embargo:
+        raise ConfigError(
+            "walkforward.embargo: anchored folds train from the first bar, over every earlier "
+            "test segment; the embargo applies to rolling folds only (set 0)"
+        )

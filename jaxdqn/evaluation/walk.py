@@ -29,7 +29,16 @@ from jax import lax
 from jaxdqn.evaluation import metrics
 from jaxdqn.market import env
 
-__all__ = ["LOG_COLUMNS", "EvalResult", "PolicyFn", "Trajectory", "rollout", "walk"]
+__all__ = [
+    "LOG_COLUMNS",
+    "EvalResult",
+    "PolicyFn",
+    "Trajectory",
+    "decision_range",
+    "evaluation_result",
+    "rollout",
+    "walk",
+]
 
 PolicyFn = Callable[..., tuple[jax.Array, jax.Array]]
 
@@ -184,6 +193,21 @@ def walk(
     Raises:
       ValueError: the range holds no decision bar.
     """
+    t0, hi, n = decision_range(env_params, market, lo, hi)
+    traj = _rollout_jit(
+        env_params, market, jnp.int32(t0), jnp.int32(hi), n, policy_fn, key, policy_params
+    )
+    return evaluation_result(traj, dates, periods_per_year)
+
+
+def decision_range(
+    env_params: env.EnvParams, market: env.MarketData, lo: int, hi: int
+) -> tuple[int, int, int]:
+    """``(t0, hi, n)`` of a walk over ``[lo, hi)``: first decision bar, stop, decisions.
+
+    Raises:
+      ValueError: the range holds no decision bar.
+    """
     t0 = max(int(lo), env_params.window - 1)
     hi = int(hi)
     n = hi - 1 - t0
@@ -192,11 +216,14 @@ def walk(
             f"walk: bar range [{lo}, {hi}) has no decision bar within {market.num_bars} bars "
             f"(window {env_params.window})"
         )
-    traj = _rollout_jit(
-        env_params, market, jnp.int32(t0), jnp.int32(hi), n, policy_fn, key, policy_params
-    )
-    traj = jax.device_get(traj)
+    return t0, hi, n
 
+
+def evaluation_result(
+    traj: Trajectory, dates: pd.DatetimeIndex | None, periods_per_year: float
+) -> EvalResult:
+    """The per-bar log and metrics (:func:`walk`'s) of one walk's :class:`Trajectory`."""
+    traj = jax.device_get(traj)
     t = np.asarray(traj.t, dtype=np.int64)
     action = np.asarray(traj.action, dtype=np.int64)
     filled = np.asarray(traj.filled) > 0.5

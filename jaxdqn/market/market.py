@@ -23,7 +23,7 @@ from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
 from jaxdqn.market import splits as splits_lib
 
-__all__ = ["SPLIT_NAMES", "Prepared", "prepare"]
+__all__ = ["SPLIT_NAMES", "Prepared", "first_decision", "prepare"]
 
 SPLIT_NAMES = ("train", "val", "test")
 
@@ -34,7 +34,7 @@ class Prepared(NamedTuple):
     Attributes:
       df: the validated bars ``[T]`` (plus ``oracle`` on the synthetic market).
       features: the causal, train-normalised :class:`~jaxdqn.market.features.Features`.
-      splits: contiguous half-open ``(start, stop)`` row ranges train / val / test.
+      splits: ordered half-open ``(start, stop)`` row ranges train / val / test.
       market: device arrays for the environment.
       env_params: static environment parameters (``window`` = ``cfg.features.window``).
       dates: ``df.index``, the bar timestamps ``[T]``.
@@ -66,6 +66,12 @@ class Prepared(NamedTuple):
         return max(lo - 1, self.first_decision), hi
 
 
+def first_decision(cfg: Config) -> int:
+    """The first bar whose whole observation window holds valid features: the features'
+    warmup + ``features.window`` − 1."""
+    return features_lib.warmup_length(cfg.features) + cfg.features.window - 1
+
+
 def prepare(cfg: Config) -> Prepared:
     """Load the bars named by ``cfg.data`` and build splits, features and the market.
 
@@ -74,8 +80,8 @@ def prepare(cfg: Config) -> Prepared:
       ConfigError: an environment setting the data cannot support (e.g. impact without volume).
     """
     df = data.load(cfg.data)
-    first_decision = features_lib.warmup_length(cfg.features) + cfg.features.window - 1
-    splits = splits_lib.split(df, cfg.data, first_decision)
+    first = first_decision(cfg)
+    splits = splits_lib.split(df, cfg.data, first)
     feats = features_lib.compute_features(df, cfg.features, splits.train)
     market = env.make_market(df, feats, cfg.env)
     env_params = env.EnvParams.from_config(cfg.env, cfg.features.window)
@@ -86,5 +92,5 @@ def prepare(cfg: Config) -> Prepared:
         market=market,
         env_params=env_params,
         dates=pd.DatetimeIndex(df.index),
-        first_decision=first_decision,
+        first_decision=first,
     )

@@ -1,4 +1,6 @@
-"""Train / val / test splits (E2): contiguous time ranges of the bars, by date or by fraction."""
+"""Train / val / test splits (E2): ordered time ranges of the bars, by date, by fraction, or
+as explicit bar ranges (``data.split = bars``, what a walk-forward fold uses: gaps between the
+ranges are purged bars, bars after test are unused)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,14 @@ __all__ = ["Splits", "split"]
 
 
 class Splits(NamedTuple):
-    """Contiguous half-open row ranges ``(start, stop)``: train.stop == val.start, etc.
+    """Ordered, non-overlapping half-open row ranges ``(start, stop)``.
 
+    By date or fraction they are contiguous (train.stop == val.start, val.stop == test.start),
     ``train`` starts at row 0 (its first ``warmup`` rows only feed the causal features) and
-    ``test`` stops at the last row + 1.
+    ``test`` stops at the last row + 1. With ``split = bars`` they are the configured ranges:
+    train.stop <= val.start and val.stop <= test.start (the bars between are in no split), the
+    rows before train.start are only the features' causal history and rows after test.stop are
+    unused.
     """
 
     train: tuple[int, int]
@@ -31,15 +37,19 @@ def split(df: pd.DataFrame, cfg: DataConfig, warmup: int) -> Splits:
     ``cfg.split == "date"``: train = bars dated on or before ``cfg.train_end`` (the whole day,
     so intraday bars of that day count), val = after that up to and including ``cfg.val_end``,
     test = the rest. ``"fraction"``: train = the first floor(train_frac T) bars, val = the next
-    floor((train_frac + val_frac) T) - floor(train_frac T), test = the rest.
+    floor((train_frac + val_frac) T) - floor(train_frac T), test = the rest. ``"bars"``: the
+    ranges ``cfg.train_bars``, ``cfg.val_bars`` and ``cfg.test_bars`` as given (ordered and
+    non-overlapping: :func:`jaxdqn.config.check_cross_fields`).
 
     Args:
       df: bars indexed by date (from :func:`load` / :func:`load_ohlcv` / :func:`synthetic`).
-      cfg: the data config (split, train_end, val_end, train_frac, val_frac, min_split_rows).
+      cfg: the data config (split, train_end, val_end, train_frac, val_frac, the bar ranges,
+        min_split_rows).
       warmup: leading rows that cannot be decided on (features' warmup + window - 1).
 
     Raises:
-      DataError: a date split leaves a split empty, or train has fewer than
+      DataError: a date split leaves a split empty, a bar range runs past the last row, or
+        train has fewer than
         ``cfg.min_split_rows`` bars after ``warmup``, or val or test has fewer than
         ``cfg.min_split_rows`` bars (T >= warmup + 3 min_split_rows is necessary).
     """
@@ -74,6 +84,12 @@ def split(df: pd.DataFrame, cfg: DataConfig, warmup: int) -> Splits:
                 raise DataError(
                     f"{name}: split {which!r} is empty: no bars {labels[which]} ({span})"
                 )
+    elif cfg.split == "bars":
+        out = Splits(tuple(cfg.train_bars), tuple(cfg.val_bars), tuple(cfg.test_bars))
+        if out.test[1] > n:
+            raise DataError(
+                f"{name}: data.test_bars {list(out.test)} runs past the last of {n} rows"
+            )
     else:
         a = math.floor(cfg.train_frac * n)
         b = math.floor((cfg.train_frac + cfg.val_frac) * n)

@@ -38,6 +38,7 @@ from jax import Array
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES, NUM_Q
 from jaxdqn.config import ModelConfig
 from jaxdqn.model.dense import Dense
+from jaxdqn.shards import ONE_DEVICE, Shards
 
 __all__ = [
     "EDGES",
@@ -69,9 +70,10 @@ class Coordinated(NamedTuple):
     mean: Array  # [] the global mean removed by M8
 
 
-def center(q: Array) -> tuple[Array, Array]:
-    """M8: ``(q − μ, μ)`` with ``μ`` the mean over every axis (batch and the 12 values)."""
-    mean = jnp.mean(q)
+def center(q: Array, shards: Shards = ONE_DEVICE) -> tuple[Array, Array]:
+    """M8: ``(q − μ, μ)`` with ``μ`` the mean over every axis (batch and the 12 values); with
+    the batch split over devices, over the global batch (equal rows per device)."""
+    mean = shards.mean(jnp.mean(q))
     return q - mean, mean
 
 
@@ -134,12 +136,13 @@ class Coordination(nn.Module):
     """M8 → M9 → M10 → M11, each behind its switch. Parameters: attention, graph, denoiser."""
 
     cfg: ModelConfig
+    shards: Shards = ONE_DEVICE
 
     @nn.compact
     def __call__(self, q: Array) -> Coordinated:
         c = self.cfg
         if c.q_centering:
-            x, mean = center(q)
+            x, mean = center(q, self.shards)
         else:
             x, mean = q, jnp.zeros((), q.dtype)
         if c.q_attention:
@@ -163,12 +166,15 @@ class Coordinator:
     apply: Callable[[dict[str, Any], Array], Coordinated]
 
 
-def make_coordination(cfg: ModelConfig) -> Coordinator:
-    """Factory of the M8–M11 pure functions for ``cfg``."""
-    module = Coordination(cfg)
+def make_coordination(cfg: ModelConfig, shards: Shards = ONE_DEVICE) -> Coordinator:
+    """Factory of the M8–M11 pure functions for ``cfg`` (``shards``: the batch's devices)."""
+    module = Coordination(cfg, shards)
 
     def init(key: Array) -> dict[str, Any]:
-        variables = module.init(key, jnp.zeros((1, NUM_BRANCHES, NUM_ACTIONS), jnp.float32))
+        # (the same parameters on any devices: initialised outside the devices' program)
+        variables = Coordination(cfg).init(
+            key, jnp.zeros((1, NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
+        )
         return dict(variables.get("params", {}))
 
     def apply(params: dict[str, Any], q: Array) -> Coordinated:

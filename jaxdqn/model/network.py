@@ -55,6 +55,7 @@ from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
 from jaxdqn.model.dense import Dense, affine
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
+from jaxdqn.shards import ONE_DEVICE, Shards
 from pallas_kernels import kan_gate, kan_gate_init
 
 __all__ = [
@@ -378,14 +379,20 @@ _COORD_KEYS = ("attention", "graph", "denoiser")
 
 
 def make_model(
-    cfg: ModelConfig, obs_dim: int, *, kan_backend: str = "auto", fused: bool = True
+    cfg: ModelConfig,
+    obs_dim: int,
+    *,
+    kan_backend: str = "auto",
+    fused: bool = True,
+    shards: Shards = ONE_DEVICE,
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
-    the four branches together (``kernels.fused``; off: one module per branch)."""
+    the four branches together (``kernels.fused``; off: one module per branch); ``shards``:
+    the devices a batch is split over (M8's mean is batch-global; the rest is row-wise)."""
     net = Network(cfg, obs_dim, kan_backend, fused)
     sel = Selectivity()
-    coord = make_coordination(cfg)
+    coord = make_coordination(cfg, shards)
     cell = make_xlstm(cfg)
 
     def init_params(key: Array) -> Params:

@@ -1,10 +1,15 @@
 """The end of a run (E3): the best checkpoint walked once on val and test, the baselines,
-``summary.json`` and ``report.md``.
+the statistics, the cost stress, ``summary.json`` and ``report.md``.
 
 The best checkpoint is the one with the best mean validation Sharpe over the seeds
 (:class:`jaxdqn.program.checkpoint.Checkpointer`, ``"best"``). Each seed is walked on val and
 test with :func:`jaxdqn.program.walks.walk_seed`; the summary's ``val``/``test`` metrics are the
 means over seeds (NaN ignored) and, with several seeds, ``seeds`` lists each seed's.
+``statistics`` holds, per split, the population statistics of the seeds' walks against the
+baselines (:mod:`jaxdqn.program.run_statistics`: bootstrap intervals, PSR, DSR over every val
+Sharpe the selection saw, SPA; ``eval.bootstrap_reps`` replications); ``cost_stress`` the test
+walk of every seed at each of ``eval.cost_multiples`` × the configured costs (default 0×, 1×,
+2×, 3×; 1× is the test walk itself).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from jaxdqn.agent.state import TrainState
 from jaxdqn.config import Config
 from jaxdqn.evaluation import baselines
 from jaxdqn.market.market import Prepared
-from jaxdqn.program import checkpoint, report, results
+from jaxdqn.program import checkpoint, report, results, run_statistics
+from jaxdqn.program.placement import Placement
+from jaxdqn.program.provenance import provenance
 from jaxdqn.program.run_state import RunState
-from jaxdqn.program.walks import walk_seed
+from jaxdqn.program.walks import stress_seed, walk_seed
 
 __all__ = ["finish"]
 
@@ -39,21 +46,35 @@ def finish(
     run: RunState,
     run_dir: Path,
     start_wall: float,
-) -> dict[str, Any]:
+    *,
+    placed: Placement | None = None,
+) -> dict[str, Any] | None:
     """Walk the best checkpoint of ``ckpt`` (restored into ``template``'s structure, ``[S,
-    ...]``) for every seed; write ``eval_{val,test}.csv``, ``baselines_test.csv``,
+    ...]``) for every seed; write ``eval_{val,test}.csv``, ``baselines_{val,test}.csv``,
     ``summary.json`` and the report in ``run_dir``; return the summary. ``run`` is the final
-    run state (epochs, rewinds, fault events) and ``start_wall`` the run's start time."""
+    run state (epochs, rewinds, fault events) and ``start_wall`` the run's start time.
+    ``placed``: the run's devices; under ``jax.distributed`` only process 0 walks and writes
+    (the others return None)."""
     best, best_host, best_step = ckpt.restore("best", template)
+    if placed is not None:  # under jax.distributed: every process restores, process 0 writes
+        best = placed.view(best)
+        if not placed.primary:
+            return None
     num_seeds = cfg.train.num_seeds
     logs: dict[str, list[pd.DataFrame]] = {split: [] for split in SPLITS}
     per_seed = []
+    multiples = cfg.eval.cost_multiples
+    stressed = [k for k in multiples if k != 1.0]
+    stress_walks = []
     for s in range(num_seeds):
         seed_metrics = {}
         for split in SPLITS:
             res = walk_seed(agent, prepared, cfg.eval, best, split, s)
             logs[split].append(res.log)
             seed_metrics[split] = res.metrics
+            if split == "test":
+                extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
+                stress_walks.append([res if k == 1.0 else next(extra) for k in multiples])
         per_seed.append({"seed": s, **seed_metrics})
     for split, frames in logs.items():
         results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
@@ -68,11 +89,18 @@ def finish(
         base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
     # the equity plot draws the baselines, not each of the oracle's executions
     drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
-    results.write_baseline_equity(
-        run_dir / "baselines_test.csv",
-        logs["test"][0]["date"],
-        {name: base_logs[(name, "test")]["equity"].to_numpy() for name in drawn},
-    )
+    for split in SPLITS:
+        results.write_baseline_equity(
+            run_dir / f"baselines_{split}.csv",
+            logs[split][0]["date"],
+            {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
+        )
+
+    trials = run_statistics.selection_trials(run_dir)
+    stats = {
+        split: run_statistics.split_statistics(cfg, logs[split], base_logs, split, trials)
+        for split in SPLITS
+    }
 
     mean = lambda split: {
         k: float(np.nanmean([m[split][k] for m in per_seed])) for k in per_seed[0][split]
@@ -83,10 +111,15 @@ def finish(
         "val": mean("val"),
         "test": mean("test"),
         "baselines": base_summary,
+        "statistics": stats,
+        "cost_stress": run_statistics.cost_stress_table(
+            prepared.env_params, multiples, stress_walks
+        ),
         "wall_time_s": time.time() - start_wall,
         "epochs": run.epoch,
         "rewinds": run.rewinds,
         "fault_events": run.fault_events,
+        "provenance": provenance(cfg, run_dir),
     }
     if num_seeds > 1:
         summary["seeds"] = per_seed

@@ -44,6 +44,8 @@ __all__ = [
     "METRICS_FILE",
     "LogError",
     "RunLogger",
+    "SilentLogger",
+    "open_run_log",
     "read_metrics",
 ]
 
@@ -187,6 +189,10 @@ class RunLogger:
                 os.fsync(f.fileno())
         return records[-1]["epoch"] if records else None
 
+    def write_file(self, name: str, text: str) -> None:
+        """Write ``text`` to ``name`` in the run directory (e.g. the resolved config)."""
+        (self.run_dir / name).write_text(text)
+
     def log_epoch(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (must hold an integer ``epoch`` > :attr:`last_epoch`) and send its
         numeric values to TensorBoard. Durable (fsync'ed) when this returns.
@@ -262,3 +268,31 @@ class RunLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class SilentLogger:
+    """The logger of a process that writes nothing (every process but 0 under
+    ``jax.distributed``): the :class:`RunLogger` calls of the loop, without effect."""
+
+    last_epoch = None
+    tensorboard_backend = None
+
+    def note(self, message: str) -> None:
+        pass
+
+    def log_epoch(self, record: Mapping[str, Any]) -> None:
+        pass
+
+    def write_file(self, name: str, text: str) -> None:
+        pass
+
+    def truncate_after(self, epoch: int) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def open_run_log(run_dir: str | os.PathLike, num_seeds: int, *, write: bool = True):
+    """The run's :class:`RunLogger`, or a :class:`SilentLogger` where ``write`` is False."""
+    return RunLogger(run_dir, num_seeds=num_seeds) if write else SilentLogger()

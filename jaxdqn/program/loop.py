@@ -24,9 +24,9 @@ import jax
 import numpy as np
 
 from jaxdqn import config as config_lib
-from jaxdqn.agent import iteration, optim
-from jaxdqn.agent.build import build_agent, make_init
-from jaxdqn.agent.state import TrainState
+from jaxdqn.agent import optim
+from jaxdqn.agent.build import build_agent
+from jaxdqn.agent.state import TrainState, fold_keys
 from jaxdqn.config import Config
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.market import market as market_lib
@@ -34,6 +34,7 @@ from jaxdqn.program import checkpoint, plateau
 from jaxdqn.program import logger as logger_lib
 from jaxdqn.program.epoch_log import EpochMetrics, epoch_means, epoch_record, kept_after_save
 from jaxdqn.program.finish import finish
+from jaxdqn.program.placement import place
 from jaxdqn.program.progress import Progress
 from jaxdqn.program.run_state import RunState
 from jaxdqn.program.schedule import apply_schedule, schedule
@@ -54,10 +55,6 @@ class TrainingError(RuntimeError):
     """The run cannot go on (e.g. repeated non-finite losses); one-line message."""
 
 
-def _fold_key(state: TrainState, salt: int) -> TrainState:
-    return state.replace(key=jax.vmap(lambda k: jax.random.fold_in(k, salt))(state.key))
-
-
 class Trainer:
     """One training run in ``run_dir`` (new, or resumed from its latest checkpoint).
 
@@ -74,15 +71,15 @@ class Trainer:
         self.prepared = market_lib.prepare(cfg)
         self.agent = build_agent(cfg, self.prepared)
         self.num_seeds = cfg.train.num_seeds
-        self.iterate = iteration.make_iteration(self.agent, num_seeds=self.num_seeds)
-        # One jitted initialiser: the first state and the restore template of resume and finish.
-        self._init = make_init(self.agent, num_seeds=self.num_seeds)
+        # train.mesh's devices, the iteration, the initialiser (first state, restore template)
+        self.placed = place(cfg, self.prepared, self.agent)
+        self.iterate = self.placed.iterate
         self.validate = make_validate(self.agent, self.prepared, cfg.eval, self.num_seeds)
 
     def init_state(self) -> TrainState:
         """The initial ``[S, ...]`` state; seed ``s`` gets split ``s`` of the run seed's key."""
         keys = jax.random.split(jax.random.PRNGKey(self.cfg.seed), self.num_seeds)
-        return self._init(self.prepared.market, keys)
+        return self.placed.init(self.placed.market, keys)
 
     def _on_sigint(self, signum, frame):
         self._stop = True
@@ -95,7 +92,7 @@ class Trainer:
         self.ckpt = checkpoint.Checkpointer(
             self.run_dir / "checkpoints", keep_latest=tc.keep_latest, keep_best=tc.keep_best
         )
-        self.log = logger_lib.RunLogger(self.run_dir, num_seeds=self.num_seeds)
+        self.log = logger_lib.open_run_log(self.run_dir, self.num_seeds, write=self.placed.primary)
         state = self.init_state()
         if self.resume:
             state, host_json, step = self.ckpt.restore("latest", state)
@@ -106,11 +103,12 @@ class Trainer:
                 f"{run.iteration}); dropped {dropped} later log records"
             )
         else:
-            (self.run_dir / "config.yaml").write_text(config_lib.dump(self.cfg))
+            self.log.write_file("config.yaml", config_lib.dump(self.cfg))
             a = self.agent
             self.log.note(
                 f"reward scale {a.reward_scale:.6g} ({self.cfg.loss.reward_scale}); reward unit "
-                f"{a.reward_unit:.6g} in Q (every Q threshold is relative to it)"
+                f"{a.reward_unit:.6g} in Q (every Q threshold is relative to it); "
+                f"{self.placed.layout.describe()}"
             )
             run = RunState()
             self.ckpt.save(0, state, run.to_json(), math.nan)
@@ -118,9 +116,11 @@ class Trainer:
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         interrupted = False
         try:
-            # progress=False still prints one plain line per epoch (no rich bar).
-            force_terminal = None if self.progress else False
-            with Progress(tc.epochs, start_epoch=run.epoch, force_terminal=force_terminal) as bar:
+            # progress=False still prints one plain line per epoch (no rich bar); process 0 only.
+            shown = dict(
+                enabled=self.placed.primary, force_terminal=None if self.progress else False
+            )
+            with Progress(tc.epochs, start_epoch=run.epoch, **shown) as bar:
                 while run.epoch < tc.epochs:
                     state, run, record = self.run_epoch(state, run)
                     if record is None:  # interrupted inside the epoch
@@ -135,7 +135,7 @@ class Trainer:
                 raise KeyboardInterrupt
             template = self.init_state()
             args = (self.prepared, self.agent, self.ckpt, template, run, self.run_dir)
-            return finish(self.cfg, *args, self._start_wall)
+            return finish(self.cfg, *args, self._start_wall, placed=self.placed)
         finally:
             self.ckpt.close()
             self.log.close()
@@ -146,12 +146,12 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         sched = schedule(run.epoch, run.cycle_start, run.iteration, cfg.optim, cfg.acting)
         scale, ema = cfg.optim.restart_moment_scale, run.eval_q_std_ema
-        state = apply_schedule(state, sched, self.agent.dynamics, scale, ema)
+        state = self.placed.put(apply_schedule(state, sched, self.agent.dynamics, scale, ema))
         t0 = time.time()
         done_before = run.iteration
         metrics = EpochMetrics(run.partial)
         for i in range(run.iteration, tc.iterations_per_epoch):
-            state, m = self.iterate(state, self.prepared.market)
+            state, m = self.iterate(state, self.placed.market)
             metrics.append(m)
             if self._stop:
                 run.iteration = i + 1
@@ -169,10 +169,11 @@ class Trainer:
             return self.recover(state, run)
         run.consecutive_faults = 0
 
-        results, spread = self.validate(state)
+        view = self.placed.view(state)  # (on every process: the walks decide the future)
+        results, spread = self.validate(view)
         val_sharpe = float(np.mean([r.metrics["sharpe"] for r in results]))
         run.eval_q_std_ema = self.agent.dynamics.next_eval_q_std(run.eval_q_std_ema, spread)
-        q_gap = np.asarray(jax.device_get(state.dynamics.q_gap)).mean(axis=0)
+        q_gap = np.asarray(jax.device_get(view.dynamics.q_gap)).mean(axis=0)
         se = metrics_lib.sharpe_se(val_sharpe, len(results[0].log), cfg.eval.periods_per_year)
         run.plateau, rep = plateau.observe(run.plateau, val_sharpe, tuple(q_gap), tc, sharpe_se=se)
         done = run.epoch + 1
@@ -219,7 +220,7 @@ class Trainer:
         best, _, _ = self.ckpt.restore("best", state)
         run.plateau = plateau.after_rewind(run.plateau)
         run.cycle_start = run.epoch + 1
-        return _fold_key(best, REWIND_SALT + run.rewinds)
+        return fold_keys(best, REWIND_SALT + run.rewinds)
 
     def recover(self, state: TrainState, run: RunState):
         """Non-finite loss or parameters: the state is dropped (never checkpointed); restore
@@ -244,4 +245,4 @@ class Trainer:
             f"{self.cfg.train.max_faults} in a row)"
         )
         fault = {"epoch": restored.epoch, "fault": True, "fault_events": run.fault_events}
-        return _fold_key(good, FAULT_SALT + run.fault_events), restored, fault
+        return fold_keys(good, FAULT_SALT + run.fault_events), restored, fault

@@ -29,7 +29,7 @@ import yaml
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
-from jaxdqn.program import metric_names, plots
+from jaxdqn.program import metric_names, plots, report_statistics
 from jaxdqn.program.formats import clock
 from jaxdqn.program.logger import read_metrics
 from jaxdqn.program.results import (
@@ -268,7 +268,9 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     Sections: run header (config essentials, epochs, wall time, best checkpoint, throughput),
     metrics tables (agent vs every baseline on val and test, from ``summary.json``; the oracle
     is named with its execution chosen on val and, in a small table, listed per order type and
-    urgency), equity
+    urgency), statistics per split (Sharpe with its bootstrap interval per seed and for the
+    mean, PSR, DSR with its trials, SPA p-values against the baselines), the cost stress (table
+    and ``cost_stress.png``; :mod:`jaxdqn.program.report_statistics`), equity
     and drawdown against the baselines per split, training curves (loss parts, val Sharpe
     with the best epoch, learning rate with SGDR restarts / branch resets / rewinds, per-branch
     Q-gaps, atom utilisation). A missing input skips its part with a note in the report.
@@ -300,10 +302,13 @@ def write_report(run_dir: str | os.PathLike) -> Path:
                 )
             )
         known = {"best_epoch", "best_step", "epochs", "wall_time_s", "val", "test"}
-        known |= {"baselines", "seeds"}
+        known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance"}
         for k, v in summary.items():
             if k not in known and isinstance(v, (str, int, float, bool)):
                 rows.append((k, str(v)))
+        # what a rerun needs (program/provenance.py)
+        for k, v in (summary.get("provenance") or {}).items():
+            rows.append((k, f"`{v}`" if k in ("xla_flags", "git_commit") and v else str(v)))
     elif records:
         wall = records[-1].get(_WALL_TIME)
         rows.append(
@@ -321,6 +326,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
     if summary is not None:
         lines += _results_section(summary)
+        lines += report_statistics.statistics_section(summary, SPLITS)
+        lines += report_statistics.cost_stress_section(summary, run_dir)
     else:
         lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
 

@@ -27,6 +27,31 @@
         {"seed": int, "best_epoch": int|null, "best_step": int|null,
          "val": {...}, "test": {...}}, ...
       ],
+      "statistics": {               # optional; per split (jaxdqn.program.run_statistics)
+        split: {
+          "bars": int, "confidence": 0.95,
+          "seeds": [{"seed": int, "sharpe", "sharpe_low", "sharpe_high", "block_length",
+                     "psr_zero", "psr_reference", "dsr": float|null}, ...],
+          "mean": {"sharpe", "sharpe_low", "sharpe_high", "block_length": float|null},
+          "reference": {"name": str|null, "sharpe": float|null},   # PSR's 2nd benchmark
+          "dsr": {"trials": str, "num_trials": int, "sharpe_std", "sr0": float|null},
+          "bootstrap": {"method": str, "reps": int, "seed": int},
+          "spa": {"baselines": {name: {"consistent", "lower", "upper"}},  # absent
+                  "agent_beats_all": {...}, "some_baseline_beats_agent": {...},
+                  "block_length": float|null},
+          "unavailable": str        # only when arch is missing (then no intervals, no spa)
+        }
+      },                            # Sharpes annualised; formulas in jaxdqn.evaluation.statistics
+      "cost_stress": {              # optional; the test walk at multiples of the costs
+        "split": "test", "metrics": [metric, ...],
+        "rows": [{"multiple": float, "half_spread_bps": float, "commission_bps": float,
+                  "impact_eta": float, "seeds": [{metric: float|null}, ...],
+                  "mean": {metric: float|null}}, ...]
+      },
+      "provenance": {name: scalar}, # optional; what a rerun needs: git_commit, python, jax,
+                                    # jaxlib, platform, device_kind, devices, processes,
+                                    # xla_flags, seed, deterministic, config_sha256
+                                    # (jaxdqn.program.provenance)
       ...                           # any further keys (e.g. "jax_version", "device") are kept
     }                               # and shown in the report's header when scalar
 
@@ -93,6 +118,59 @@ def _check_opt_int(where: str, value: Any) -> None:
         raise ValueError(f"summary.{where}: expected an integer or None, got {value!r}")
 
 
+def _check_mapping(where: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"summary.{where}: expected a mapping")
+    return value
+
+
+def _check_list(where: str, value: Any) -> Sequence[Any]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError(f"summary.{where}: expected a list")
+    return value
+
+
+def _check_statistics(stats: Any) -> None:
+    for split, entry in _check_mapping("statistics", stats).items():
+        where = f"statistics.{split}"
+        entry = _check_mapping(where, entry)
+        for key in ("seeds", "mean", "dsr"):
+            if key not in entry:
+                raise ValueError(f"summary.{where}: missing key {key!r}")
+        for i, row in enumerate(_check_list(f"{where}.seeds", entry["seeds"])):
+            row = _check_mapping(f"{where}.seeds[{i}]", row)
+            _check_opt_int(f"{where}.seeds[{i}].seed", row.get("seed"))
+            _check_metrics(f"{where}.seeds[{i}]", {k: v for k, v in row.items() if k != "seed"})
+        _check_metrics(f"{where}.mean", entry["mean"])
+        dsr = _check_mapping(f"{where}.dsr", entry["dsr"])
+        if not isinstance(dsr.get("trials"), str):
+            raise ValueError(f"summary.{where}.dsr.trials: expected a description of the trials")
+        _check_opt_int(f"{where}.dsr.num_trials", dsr.get("num_trials"))
+        _check_metrics(f"{where}.dsr", {k: dsr.get(k) for k in ("sharpe_std", "sr0")})
+        if "spa" in entry:
+            spa = _check_mapping(f"{where}.spa", entry["spa"])
+            for name, p in _check_mapping(f"{where}.spa.baselines", spa.get("baselines")).items():
+                _check_metrics(f"{where}.spa.baselines.{name}", p)
+            for key in ("agent_beats_all", "some_baseline_beats_agent"):
+                _check_metrics(f"{where}.spa.{key}", spa.get(key))
+        if entry.get("unavailable") is not None and not isinstance(entry["unavailable"], str):
+            raise ValueError(f"summary.{where}.unavailable: expected a reason")
+
+
+def _check_cost_stress(stress: Any) -> None:
+    stress = _check_mapping("cost_stress", stress)
+    for i, row in enumerate(_check_list("cost_stress.rows", stress.get("rows"))):
+        where = f"cost_stress.rows[{i}]"
+        row = _check_mapping(where, row)
+        scalars = ("multiple", "half_spread_bps", "commission_bps", "impact_eta")
+        _check_metrics(where, {k: row.get(k) for k in scalars})
+        if row.get("multiple") is None:
+            raise ValueError(f"summary.{where}.multiple: expected a number")
+        for j, seed in enumerate(_check_list(f"{where}.seeds", row.get("seeds"))):
+            _check_metrics(f"{where}.seeds[{j}]", seed)
+        _check_metrics(f"{where}.mean", row.get("mean"))
+
+
 def _validate_summary(s: Mapping[str, Any]) -> None:
     for key in ("best_epoch", "epochs", "wall_time_s", "val"):
         if key not in s:
@@ -126,6 +204,16 @@ def _validate_summary(s: Mapping[str, Any]) -> None:
             for split in SPLITS:
                 if entry.get(split) is not None:
                     _check_metrics(f"seeds[{i}].{split}", entry[split])
+    if s.get("statistics") is not None:
+        _check_statistics(s["statistics"])
+    if s.get("cost_stress") is not None:
+        _check_cost_stress(s["cost_stress"])
+    prov = s.get("provenance")
+    if prov is not None and (
+        not isinstance(prov, Mapping)
+        or not all(v is None or isinstance(v, (str, int, float, bool)) for v in prov.values())
+    ):
+        raise ValueError("summary.provenance: expected a mapping of scalar values")
 
 
 def write_summary(run_dir: str | os.PathLike, summary: Mapping[str, Any]) -> Path:

@@ -3,11 +3,12 @@
 The training loop validates every seed after each epoch, the run's end walks the best
 checkpoint on val and test, and ``python -m jaxdqn.evaluate`` walks any checkpoint: all three
 go through :func:`walk_seed`, so a checkpoint walked by any of them gives the identical log.
+:func:`stress_seed` walks the same policy at multiples of the costs (the cost stress).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -16,10 +17,11 @@ import numpy as np
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import EvalConfig
+from jaxdqn.evaluation import cost_stress
 from jaxdqn.evaluation import walk as walk_lib
 from jaxdqn.market.market import Prepared
 
-__all__ = ["make_validate", "seed_policy_params", "walk_seed"]
+__all__ = ["make_validate", "seed_policy_params", "stress_seed", "walk_seed"]
 
 
 def seed_policy_params(agent: Agent, state: TrainState, s: int) -> tuple[Any, Any, Any, Any]:
@@ -38,9 +40,25 @@ def walk_seed(
     split: str,
     s: int,
 ) -> walk_lib.EvalResult:
-    """Seed ``s``'s evaluation policy walked over ``split`` with the fixed key ``eval.key``."""
+    """Seed ``s``'s evaluation policy walked over ``split`` with the fixed key ``eval.key``: the
+    walk of :func:`jaxdqn.evaluation.walk.walk`, compiled with the cost rates as arguments (the
+    1× walk of :func:`stress_seed`, whose other multiples then reuse its compilation)."""
+    return stress_seed(agent, prepared, eval_cfg, state, split, s, (1.0,))[0]
+
+
+def stress_seed(
+    agent: Agent,
+    prepared: Prepared,
+    eval_cfg: EvalConfig,
+    state: TrainState,
+    split: str,
+    s: int,
+    multiples: Sequence[float],
+) -> list[walk_lib.EvalResult]:
+    """Seed ``s``'s walk of ``split`` at each of ``multiples`` × the configured costs
+    (:func:`jaxdqn.evaluation.cost_stress.stress_walk`; one walk per multiple, in order)."""
     lo, hi = prepared.eval_range(split)
-    return walk_lib.walk(
+    return cost_stress.stress_walk(
         prepared.market,
         prepared.env_params,
         lo,
@@ -48,6 +66,7 @@ def walk_seed(
         agent.acting.eval_policy,
         jax.random.PRNGKey(eval_cfg.key),
         prepared.dates,
+        multiples,
         periods_per_year=eval_cfg.periods_per_year,
         policy_params=seed_policy_params(agent, state, s),
     )

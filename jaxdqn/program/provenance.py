@@ -1,0 +1,66 @@
+"""What a rerun needs, recorded in ``summary.json`` (``provenance``) and the report's header.
+
+The code (git commit of the package's checkout, ``+dirty`` with uncommitted changes; None
+outside a git checkout), the software (Python, jax, jaxlib), the hardware (platform, device
+kind and count, processes), the ``XLA_FLAGS`` the process ran with, the seed,
+``train.deterministic`` and the SHA-256 of the run's ``config.yaml``. With the same code,
+software, hardware, flags and config, a run with ``train.deterministic`` repeats bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxdqn.config import Config
+
+__all__ = ["git_commit", "provenance"]
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+
+
+def git_commit(where: Path = _PACKAGE_DIR) -> str | None:
+    """``<commit>`` or ``<commit>+dirty`` of the checkout holding ``where``; None if there is
+    none (an installed wheel) or git is missing."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(where), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "") if commit else None
+
+
+def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
+    """The ``provenance`` entry of ``summary.json`` (every value a string, number, bool or
+    None)."""
+    import jaxlib
+
+    config_file = Path(run_dir) / "config.yaml"
+    digest = hashlib.sha256(config_file.read_bytes()).hexdigest() if config_file.exists() else None
+    dev = jax.devices()[0]
+    return {
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "devices": jax.device_count(),
+        "processes": jax.process_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "seed": cfg.seed,
+        "deterministic": cfg.train.deterministic,
+        "config_sha256": digest,
+    }

@@ -1,0 +1,123 @@
+"""Scale (issue 13): sharded training runs end to end — kill −9 and resume on a 2 × 2 mesh, and
+two processes under ``jax.distributed`` against one process with two devices (subprocesses
+with forced CPU devices)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+VOLATILE = ("wall_time", "env_steps_per_s", "updates_per_s")
+
+
+def _env(devices: int = 4) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    flag = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + flag).strip()
+    return env
+
+
+def _train_env(args, cwd, env, timeout=900):
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _train(args, cwd, timeout=900):
+    return _train_env(args, cwd, _env(), timeout)
+
+
+def _records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
+
+
+SHARDED = [
+    "--config",
+    str(SMOKE),
+    "train.epochs=3",
+    "train.iterations_per_epoch=3",
+    "train.num_seeds=2",
+    "train.mesh=2x2",
+]
+
+
+def test_scale_sharded_run_resumes_after_sigkill_exactly(tmp_path):
+    """2 seeds × 2 data devices: kill −9 after epoch 1's checkpoint, --resume, and the run
+    ends with the uninterrupted run's log and summary."""
+    full = _train([*SHARDED, "--run-dir", "full"], tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    events = (tmp_path / "full" / "events.log").read_text()
+    assert "4 cpu devices: seed 2 × data 2" in events
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *SHARDED, "--run-dir", "run"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    after_epoch_1 = tmp_path / "run" / "checkpoints" / "3"
+    deadline = time.time() + 600
+    while not after_epoch_1.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert after_epoch_1.exists()
+    res = _train(["--resume", "run"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _records(tmp_path / "run") == _records(tmp_path / "full")
+    a = json.loads((tmp_path / "full" / "summary.json").read_text())
+    b = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert a["val"] == b["val"] and a["test"] == b["test"] and a["seeds"] == b["seeds"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+ONE_AGENT_TWO_DEVICES = [
+    "--config",
+    str(SMOKE),
+    "train.epochs=2",
+    "train.iterations_per_epoch=3",
+    "train.num_seeds=2",
+    "train.mesh=data",
+]
+
+
+def test_scale_two_processes_with_jax_distributed_equal_one_process_with_two_devices(tmp_path):
+    """jax.distributed on localhost (gloo CPU collectives): two processes of one device each
+    write the summary and log of one process with two local devices; only process 0 writes."""
+    one = _train_env([*ONE_AGENT_TWO_DEVICES, "--run-dir", "local"], tmp_path, _env(2))
+    assert one.returncode == 0, one.stderr[-3000:]
+    port = _free_port()
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *ONE_AGENT_TWO_DEVICES]
+    cmd += ["--run-dir", "multi", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--process-id", str(i)],
+            cwd=tmp_path,
+            env=_env(1),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    assert "2 cpu devices: seed 1 × data 2" in (tmp_path / "multi" / "events.log").read_text()
+    assert _records(tmp_path / "multi") == _records(tmp_path / "local")
+    a = json.loads((tmp_path / "local" / "summary.json").read_text())
+    b = json.loads((tmp_path / "multi" / "summary.json").read_text())
+    assert a["val"] == b["val"] and a["test"] == b["test"] and a["seeds"] == b["seeds"]
+    assert "done:" in outs[0][0] and "done:" not in outs[1][0]  # process 1 prints nothing
+    assert "epoch 2/2" not in outs[1][1]
