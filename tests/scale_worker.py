@@ -52,6 +52,20 @@ def max_diff(a, b) -> float:
     return max(leaves) if leaves else 0.0
 
 
+def run_layout(agent, layout, prepared, keys, iterations):
+    """``iterations`` sharded iterations from a fresh state: ``(state, [metrics])``."""
+    market = prepared.market
+    if layout.mesh is not None:
+        market = jax.device_put(market, mesh.replicated(layout))
+    state = mesh.make_init(agent, layout)(market, keys)
+    step = mesh.make_iteration(agent, layout)
+    history = []
+    for _ in range(iterations):
+        state, m = step(state, market)
+        history.append(jax.device_get(m))
+    return state, history
+
+
 def population(cfg, prepared, iterations=3):
     """4 seeds on 1 device vs the seed axis over 4 devices: every leaf of the state."""
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 4)
@@ -59,15 +73,7 @@ def population(cfg, prepared, iterations=3):
     out = {}
     for devices in (1, 4):
         layout = mesh.make_layout(4, "seed", devices)
-        market = prepared.market
-        if layout.mesh is not None:
-            market = jax.device_put(market, mesh.replicated(layout))
-        state = mesh.make_init(agent, layout)(market, keys)
-        step = mesh.make_iteration(agent, layout)
-        history = []
-        for _ in range(iterations):
-            state, m = step(state, market)
-            history.append(jax.device_get(m))
+        state, history = run_layout(agent, layout, prepared, keys, iterations)
         out[devices] = (jax.device_get(state), history)
     (s1, h1), (s4, h4) = out[1], out[4]
     return {
@@ -176,20 +182,14 @@ def per_shard_sampling():
     }
 
 
-def data_parallel_iteration(cfg, prepared, iterations=3):
+def data_parallel_iteration(prepared, iterations=3):
     """The sharded iteration, 2 seeds × 2 data devices: the per-device copies of every
     replicated field stay identical, and the metrics are finite."""
     cfg2 = config.load(SMOKE, ["train.num_seeds=2"])
     layout = mesh.make_layout(2, "2x2", 4)
     agent = build_agent(cfg2, prepared, layout.shards)
-    market = jax.device_put(prepared.market, mesh.replicated(layout))
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    state = mesh.make_init(agent, layout)(market, keys)
-    step = mesh.make_iteration(agent, layout)
-    history = []
-    for _ in range(iterations):
-        state, m = step(state, market)
-        history.append(jax.device_get(m))
+    state, history = run_layout(agent, layout, prepared, keys, iterations)
     spread = 0.0
     for leaf in jax.tree.leaves((state.params, state.opt_state, state.dynamics)):
         by_seed = {}
@@ -216,7 +216,7 @@ def main() -> int:
         "population": lambda: population(cfg, prepared),
         "data_parallel_step": lambda: data_parallel_step(cfg, prepared),
         "per_shard_sampling": per_shard_sampling,
-        "data_parallel_iteration": lambda: data_parallel_iteration(cfg, prepared),
+        "data_parallel_iteration": lambda: data_parallel_iteration(prepared),
     }
     only = sys.argv[1:] or list(checks)
     result = {"devices": len(jax.devices())}

@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxdqn.agent import iteration as iteration_lib
 from jaxdqn.agent.build import SHARDED_FIELDS, Agent, init_train_state
+from jaxdqn.agent.build import make_init as build_init
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import ConfigError
 from jaxdqn.shards import Shards
@@ -171,10 +172,10 @@ def make_iteration(agent: Agent, layout: Layout):
     (``build_agent(cfg, market, layout.shards)``)."""
     if agent.shards != layout.shards:
         raise ValueError("make_iteration: the agent was built for another data axis")
+    if layout.mesh is None:
+        return iteration_lib.make_iteration(agent, num_seeds=layout.num_seeds)
     # (looked up when traced, so a wrapped iteration_lib.iteration is the one compiled)
     per_seed = jax.vmap(lambda s, m: iteration_lib.iteration(agent, s, m), in_axes=(0, None))
-    if layout.mesh is None:
-        return jax.jit(per_seed, donate_argnums=0)
 
     def local(state: TrainState, market: Any):
         # A device's block: [S/seed, ...] and, for the sharded fields, [S/seed, 1, ...].
@@ -199,9 +200,9 @@ def make_iteration(agent: Agent, layout: Layout):
 def make_init(agent: Agent, layout: Layout):
     """``jit(market, keys [S, 2]) -> TrainState`` placed on the layout (seed ``s`` from
     ``keys[s]``, as on one device)."""
-    fn = jax.vmap(lambda market, key: init_train_state(agent, market, key), in_axes=(None, 0))
     if layout.mesh is None:
-        return jax.jit(fn)
+        return build_init(agent, num_seeds=layout.num_seeds)
+    fn = jax.vmap(lambda market, key: init_train_state(agent, market, key), in_axes=(None, 0))
     return jax.jit(fn, out_shardings=_named(layout, _field_specs(layout)))
 
 
