@@ -4,18 +4,19 @@
     python bench/levers.py --parts acting,cache          # any of learner, acting, cache
     python bench/levers.py --before DIR --parts learner,acting --also "kernels.fused=reference"
 
-``learner`` (needs ``--before DIR``, a checkout of the code before the levers): each variant
-runs ``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component on, 10
-updates per call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
+``learner`` (with ``--before DIR``, a checkout of the code before the levers; without it, this
+checkout alone, e.g. to compare switches with ``--also``): each variant runs
+``bench/trace_update.py`` (configs/gpu.yaml sizes, B = 4,096, every component on, 10 updates per
+call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
 
 - ``before`` / ``after``: the code in ``--before`` and this checkout;
 - ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
-  (command buffers with concurrent regions);
+  (command buffers with concurrent regions); ``--flags on`` runs the second alone;
 - ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on.
 
 ``acting``: acting env steps/s at E = 65,536, every component on: with ``--before``, before /
-after / each ``--also`` variant with the flags on; without, this checkout with the flags off
-and on.
+after / each ``--also`` variant with the flags on; without, this checkout with each ``--flags``
+setting and each ``--also`` variant (flags on).
 
 ``cache``: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
 twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
@@ -113,6 +114,7 @@ def main():
     ap.add_argument("--before", default=None, help="checkout of the code before the levers")
     ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--parts", default="learner,cache", help="any of learner, acting, cache")
+    ap.add_argument("--flags", default="off,on", help="XLA flag settings of the learner rows")
     ap.add_argument(
         "--also",
         action="append",
@@ -123,18 +125,22 @@ def main():
     parts = set(args.parts.split(","))
     if parts - {"learner", "acting", "cache"}:
         ap.error(f"--parts: unknown {sorted(parts - {'learner', 'acting', 'cache'})}")
-    if "learner" in parts and args.before is None:
-        ap.error("--before DIR is required for the learner part")
+    settings = args.flags.split(",")
+    if set(settings) - {"off", "on"}:
+        ap.error(f"--flags: {args.flags!r} is not a list of off, on")
     rows = []
     if "learner" in parts:
         # resolved: each variant runs with its own checkout as the working directory
-        for label, root in (("before", Path(args.before).resolve()), ("after", ROOT)):
-            for flags in (False, True):
+        roots = [("this", ROOT)]
+        if args.before:
+            roots = [("before", Path(args.before).resolve()), ("after", ROOT)]
+        for label, root in roots:
+            for flags in (s == "on" for s in settings):
                 r = trace_variant(root, flags, args.updates)
                 rows.append((label, "on" if flags else "off", r))
         for extra in args.also:
             r = trace_variant(ROOT, True, args.updates, tuple(extra.split()), top=0)
-            rows.append((f"after {extra}", "on", r))
+            rows.append((f"{roots[-1][0]} {extra}", "on", r))
     acting_rows = []
     if "acting" in parts:
         # with --before: before and after (flags on); without: this checkout, flags off and on
@@ -147,7 +153,10 @@ def main():
                 for e in args.also
             ]
         else:
-            acting_rows = [("this", f, acting_variant(ROOT, f == "on")) for f in ("off", "on")]
+            acting_rows = [("this", f, acting_variant(ROOT, f == "on")) for f in settings]
+            acting_rows += [
+                (f"this {e}", "on", acting_variant(ROOT, True, tuple(e.split()))) for e in args.also
+            ]
     cache_rows = []
     if "cache" in parts:
         with tempfile.TemporaryDirectory() as tmp:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import chex
 import jax
@@ -597,7 +598,7 @@ def test_dense_is_flax_dense_on_the_cpu_and_its_gemm_bias_gradient_is_the_batch_
     np.testing.assert_array_equal(ours.apply(p, x), theirs.apply(p, x))
 
     def gemm_apply(p, x):
-        return dense._gemm_bias(x, p["params"]["kernel"], p["params"]["bias"])
+        return dense._gemm_bias(x, p["params"]["kernel"], p["params"]["bias"], None)
 
     got = jax.grad(loss(gemm_apply), argnums=(0, 1))(p, x)
     chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-5)
@@ -608,3 +609,39 @@ def test_dense_is_flax_dense_on_the_cpu_and_its_gemm_bias_gradient_is_the_batch_
     chex.assert_trees_all_close(
         jax.tree.map(lambda a: a[1], per_seed), second, rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_kernels_matmul_bf16_rounds_the_operands_of_every_model_product(
+    model_params, fused, backend, monkeypatch
+):
+    """kernels.matmul=bf16: every matrix product of the forward pass, of M8–M11 and of their
+    transposes (the gradient) carries the BF16_BF16_F32 algorithm; f32 carries none. ``gpu``
+    traces the accelerators' Dense formulation (its custom VJP's backward products too), with
+    only ``jax.default_backend`` faked: lowering and compilation stay on the CPU."""
+    _, params = model_params
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+
+    def products(matmul: str) -> tuple[int, int]:
+        model = N.make_model(CFG, OBS_DIM, kan_backend="reference", fused=fused, matmul=matmul)
+
+        def loss(p):
+            out = model.apply(p, _obs(4), V_MIN, DZ)
+            return jnp.sum(out.q_mean**2) + jnp.sum(model.coordinate(p, out.q_mean).q ** 2)
+
+        text = jax.jit(jax.grad(loss)).lower(params).as_text()
+        count = lambda pattern: len(re.findall(pattern, text))
+        # (the accelerators' bias gradients, batch sums as products, keep HIGHEST)
+        return (
+            count(r"stablehlo\.dot_general"),
+            count(r"lhs_precision_type = bf16"),
+            count(r"precision = \[HIGHEST, HIGHEST\]"),
+        )
+
+    dots, bf16, highest = products("bf16")
+    assert dots > 20 and bf16 + highest == dots
+    assert (highest > 0) == (backend == "gpu")
+    assert products("f32") == (dots, 0, highest)
+    with pytest.raises(ValueError, match=r"kernels\.matmul"):
+        N.make_model(CFG, OBS_DIM, matmul="fp8")

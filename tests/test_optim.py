@@ -249,3 +249,33 @@ def test_o4_reset_branch_moments_gives_a_fresh_adam_step_for_branches_only():
     np.testing.assert_array_equal(after_reset["xlstm"]["w"], without_reset["xlstm"]["w"])
     # The learning rate survives the reset.
     assert float(get_learning_rate(reset)) == pytest.approx(1e-3)
+
+
+def test_o1_flat_partitions_give_the_same_updates_through_o2_o3_o4():
+    """optim.flat: each partition over one raveled vector gives the per-leaf updates to float
+    rounding (Adam and SGD are elementwise; XLA's CPU vector code differs by an ulp), and the
+    O2–O4 helpers act on its state as on the per-leaf one."""
+    params = _params()
+    per_leaf = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0)
+    flat = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0, flat=True)
+    s_leaf, s_flat = per_leaf.init(params), flat.init(params)
+    (adam,) = _adam_states(s_flat, "trunk")
+    assert [x.ndim for x in jax.tree.leaves(adam.mu)] == [1]  # one vector, not one per leaf
+
+    steps = [
+        lambda s: s,
+        lambda s: set_learning_rate(s, jnp.float32(2e-4)),  # O2
+        lambda s: scale_adam_moments(s, 0.5),  # O3
+        reset_branch_moments,  # O4
+        lambda s: s,
+    ]
+    for i, step in enumerate(steps):
+        s_leaf, s_flat = step(s_leaf), step(s_flat)
+        grads = _grads(jax.random.PRNGKey(20 + i), scale=3.0 if i == 0 else 0.1)
+        u_leaf, s_leaf = per_leaf.update(grads, s_leaf, params)
+        u_flat, s_flat = flat.update(grads, s_flat, params)
+        for a, b in zip(jax.tree.leaves(u_leaf), jax.tree.leaves(u_flat), strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=4e-7, atol=1e-12)
+    assert float(get_learning_rate(s_flat)) == pytest.approx(2e-4)
+    (branch,) = _adam_states(s_flat, "branches")
+    assert int(branch.count) == 2  # reset before the 4th of 5 updates

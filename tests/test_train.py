@@ -352,6 +352,7 @@ def test_o6_same_command_twice_is_bit_identical(full_run, tmp_path):
     assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
     assert _checkpoint_crcs(again) == _checkpoint_crcs(ref) and _checkpoint_crcs(ref)
     assert a["provenance"]["deterministic"] is True and a["provenance"]["seed"] == 0
-    for key in ("jax", "jaxlib", "device_kind", "xla_flags", "config_sha256", "git_commit"):
+    keys = ("jax", "jaxlib", "device_kind", "xla_flags", "compile_cache", "config_sha256")
+    for key in (*keys, "git_commit"):
         assert key in a["provenance"]
     assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]

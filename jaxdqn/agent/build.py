@@ -183,7 +183,12 @@ def build_agent(cfg: Config, market: Prepared, shards: Shards = ONE_DEVICE) -> A
     obs_dim = env_lib.obs_dim(market.env_params, market.features.values.shape[1])
     fused = fused_kernels(cfg.kernels.fused)
     model = network.make_model(
-        cfg.model, obs_dim, kan_backend=cfg.kernels.kan, fused=fused, shards=shards
+        cfg.model,
+        obs_dim,
+        kan_backend=cfg.kernels.kan,
+        fused=fused,
+        shards=shards,
+        matmul=cfg.kernels.matmul,
     )
     buffer = make_replay(cfg.replay, obs_dim)
     oc = cfg.optim
@@ -193,6 +198,7 @@ def build_agent(cfg: Config, market: Prepared, shards: Shards = ONE_DEVICE) -> A
         clip_norm=oc.clip_norm,
         aux_lr=oc.aux_lr,
         xlstm_lr=oc.xlstm_lr,
+        flat=oc.flat,
     )
     dyn = dynamics.make_dynamics(
         cfg.dynamics,

@@ -12,7 +12,12 @@ O1: one optax transformation over the whole parameter tree,
         }, labels),
     )
 
-where ``main`` = the ``trunk`` and ``branches`` partitions. The global-norm clip is taken over
+where ``main`` = the ``trunk`` and ``branches`` partitions. With ``flat`` (``optim.flat``)
+each partition's transformation runs on its leaves raveled into one vector
+(``optax.flatten``): the same elementwise Adam/SGD arithmetic, so the same updates (to float
+rounding: XLA vectorises a long vector differently), in a few
+large kernels instead of some per leaf; its moments are then one vector per partition (a
+checkpoint holds one layout or the other). The global-norm clip is taken over
 the main parameters jointly (as if they were one Adam), before the partitions' updates; the
 auxiliary partitions are not clipped. ``branches`` has its own Adam state so that O4 can reset
 its moments and step count without touching the trunk.
@@ -99,6 +104,7 @@ def make_optimizer(
     clip_norm: float,
     aux_lr: float = 1e-4,
     xlstm_lr: float = 1e-4,
+    flat: bool = False,
 ) -> optax.GradientTransformation:
     """O1: the single optax transformation over the parameter tree (see the module docstring).
 
@@ -109,6 +115,7 @@ def make_optimizer(
       clip_norm: global-norm clip of the main gradients (taken jointly over trunk + branches).
       aux_lr: Adam learning rate of the ``aux`` partition.
       xlstm_lr: SGD learning rate of the ``xlstm`` partition.
+      flat: run each partition's transformation over one raveled vector of its leaves.
     """
 
     def is_main(label_tree: PyTree) -> PyTree:
@@ -117,17 +124,17 @@ def make_optimizer(
     main_mask = (lambda params: is_main(labels(params))) if callable(labels) else is_main(labels)
     main_adam = optax.inject_hyperparams(optax.adam, hyperparam_dtype=jnp.float32)
     lr32 = jnp.asarray(lr, jnp.float32)
+    parts = {
+        "trunk": main_adam(learning_rate=lr32),
+        "branches": main_adam(learning_rate=lr32),
+        "aux": optax.adam(aux_lr),
+        "xlstm": optax.sgd(xlstm_lr),
+    }
+    if flat:
+        parts = {label: optax.flatten(tx) for label, tx in parts.items()}
     return optax.chain(
         optax.masked(optax.clip_by_global_norm(clip_norm), main_mask),
-        optax.multi_transform(
-            {
-                "trunk": main_adam(learning_rate=lr32),
-                "branches": main_adam(learning_rate=lr32),
-                "aux": optax.adam(aux_lr),
-                "xlstm": optax.sgd(xlstm_lr),
-            },
-            labels,
-        ),
+        optax.multi_transform(parts, labels),
     )
 
 

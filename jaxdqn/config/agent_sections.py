@@ -73,6 +73,12 @@ class OptimConfig:
     clip_norm: float = _f(10.0, "O1: global-norm gradient clip of the main Adam", lo=1e-6)
     aux_lr: float = _f(1.0e-4, "L6/O1: learning rate of the auxiliary Adam", lo=0.0)
     xlstm_lr: float = _f(1.0e-4, "L6/O1: learning rate of the xLSTM SGD", lo=0.0)
+    flat: bool = _f(
+        False,
+        "O1: each optimiser partition over one raveled vector of its parameters (optax.flatten):"
+        " the same updates in fewer, larger kernels; its checkpoints hold the moments as one "
+        "vector per partition, so a run resumes only with the setting it was saved with",
+    )
     sgdr_period: int = _f(20, "O2: epochs per cosine cycle T", lo=1)
     sgdr_floor: float = _f(0.1, "O2: cycle's final learning rate as a fraction of base", lo=0, hi=1)
     restart_moment_scale: float = _f(0.5, "O3: Adam mu/nu factor at each restart", lo=0, hi=1)
@@ -203,4 +209,13 @@ class KernelsConfig:
         "update is slower, its block-diagonal head product doing 3x the head multiply-adds, "
         "and the reference keeps CPU runs bit-identical to earlier results)",
         choices=("auto", "fused", "reference"),
+    )
+    matmul: str = _f(
+        "f32",
+        "operand precision of the model's matrix products (M1-M12): f32 = JAX's float32 "
+        "default (TF32 tensor-core passes on H100/H200 GPUs; exact on the CPU), bf16 = "
+        "operands rounded to bfloat16, float32 accumulation, float32 parameters and "
+        "activations (faster GEMMs, different numbers; the CPU ignores it). f32 is the "
+        "reference",
+        choices=("f32", "bf16"),
     )

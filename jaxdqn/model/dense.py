@@ -18,10 +18,21 @@ same numbers bit for bit); :func:`affine` picks the formulation per platform whe
 traced. Parameters (``kernel [K, F]`` lecun-normal, ``bias [F]``
 zeros by default) and their names equal ``nn.Dense``'s, so checkpoints and initialisations are
 interchangeable.
+
+**Precision** (``kernels.matmul``, :func:`matmul_precision`): ``"f32"`` = JAX's default for
+float32 operands (TF32 tensor-core passes on an H100/H200 GPU, exact float32 on the CPU);
+``"bf16"`` = operands rounded to bfloat16 with float32 accumulation
+(``jax.lax.DotAlgorithmPreset.BF16_BF16_F32``) in every product traced under it and in their
+transposes (autodiff copies a product's precision; the accelerators' custom VJP passes it to its
+backward products explicitly). Parameters, activations and elementwise ops stay float32; the
+batch sums of :func:`batch_sum` keep ``Precision.HIGHEST``. The CPU backend ignores the preset
+(the same numbers as ``"f32"``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +40,23 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Dense", "affine", "batch_sum"]
+__all__ = ["MATMUL", "Dense", "affine", "batch_sum", "matmul_precision"]
 
 _ONES_ROWS = 8
+MATMUL = {"f32": None, "bf16": "BF16_BF16_F32"}
+
+
+def matmul_precision(matmul: str) -> contextlib.AbstractContextManager:
+    """The context to trace a model in for ``kernels.matmul``: none for ``"f32"``,
+    ``jax.default_matmul_precision("BF16_BF16_F32")`` for ``"bf16"``.
+
+    Raises:
+      ValueError: ``matmul`` not in :data:`MATMUL`.
+    """
+    if matmul not in MATMUL:
+        raise ValueError(f"kernels.matmul: {matmul!r} is not one of {sorted(MATMUL)}")
+    preset = MATMUL[matmul]
+    return contextlib.nullcontext() if preset is None else jax.default_matmul_precision(preset)
 
 
 def batch_sum(dy: jax.Array) -> jax.Array:
@@ -41,30 +66,42 @@ def batch_sum(dy: jax.Array) -> jax.Array:
     return jnp.dot(ones, flat, precision=jax.lax.Precision.HIGHEST)[0]
 
 
-def _plain(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+def _plain(x: jax.Array, kernel: jax.Array, bias: jax.Array, precision: Any = None) -> jax.Array:
     # The ops of flax.linen.Dense.__call__ (dot_general over the last axis, then + bias).
-    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
     return y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
 
 
-@jax.custom_vjp
-def _gemm_bias(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    return _plain(x, kernel, bias)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _gemm_bias(x: jax.Array, kernel: jax.Array, bias: jax.Array, precision: Any) -> jax.Array:
+    return _plain(x, kernel, bias, precision)
 
 
-def _gemm_bias_fwd(x, kernel, bias):
-    return _plain(x, kernel, bias), (x, kernel)
+def _gemm_bias_fwd(x, kernel, bias, precision):
+    return _plain(x, kernel, bias, precision), (x, kernel)
 
 
-def _gemm_bias_bwd(res, dy):
+def _gemm_bias_bwd(precision, res, dy):
+    # The backward products take the forward's precision explicitly: a custom VJP's backward
+    # is traced where the gradient is taken, outside the forward's default_matmul_precision.
     x, kernel = res
-    dx = jax.lax.dot_general(dy, kernel, (((dy.ndim - 1,), (1,)), ((), ())))
+    dx = jax.lax.dot_general(dy, kernel, (((dy.ndim - 1,), (1,)), ((), ())), precision=precision)
     x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-    dw = jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())))
+    dw = jax.lax.dot_general(x2, dy2, (((0,), (0,)), ((), ())), precision=precision)
     return dx, dw, batch_sum(dy)
 
 
 _gemm_bias.defvjp(_gemm_bias_fwd, _gemm_bias_bwd)
+
+
+def _default_precision() -> Any:
+    """The matrix-product precision in effect where the layer is traced (``None``: JAX's
+    default; an algorithm preset name such as ``"BF16_BF16_F32"`` under
+    ``jax.default_matmul_precision``), as a ``dot_general`` ``precision`` argument."""
+    value = jax.config.jax_default_matmul_precision
+    if isinstance(value, str) and value in jax.lax.DotAlgorithmPreset.__members__:
+        return jax.lax.DotAlgorithmPreset[value]
+    return value
 
 
 def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
@@ -75,7 +112,7 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else."""
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
-    return _gemm_bias(x, kernel, bias)
+    return _gemm_bias(x, kernel, bias, _default_precision())
 
 
 class Dense(nn.Module):

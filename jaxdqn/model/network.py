@@ -26,6 +26,9 @@ urgency, a block-diagonal head product) with the per-branch modules' parameters;
 per-branch :class:`Branch` modules are the reference. Every Dense layer is
 :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on accelerators).
 
+``matmul`` (``kernels.matmul``, f32 | bf16) is the operand precision of the products of the
+network, M12 and M8–M11 (:func:`jaxdqn.model.dense.matmul_precision`).
+
 Parameters are one pytree with three top-level groups:
 
     main:  trunk, vsn, branch_direction, branch_magnitude, branch_order, branch_urgency
@@ -53,7 +56,7 @@ from jaxdqn.branches import BRANCH_KEYS, BRANCHES, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
-from jaxdqn.model.dense import Dense, affine
+from jaxdqn.model.dense import Dense, affine, matmul_precision
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from jaxdqn.shards import ONE_DEVICE, Shards
 from pallas_kernels import kan_gate, kan_gate_init
@@ -385,11 +388,14 @@ def make_model(
     kan_backend: str = "auto",
     fused: bool = True,
     shards: Shards = ONE_DEVICE,
+    matmul: str = "f32",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
     the four branches together (``kernels.fused``; off: one module per branch); ``shards``:
-    the devices a batch is split over (M8's mean is batch-global; the rest is row-wise)."""
+    the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
+    ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
+    matmul_precision(matmul)  # an unknown value fails here, not at the first trace
     net = Network(cfg, obs_dim, kan_backend, fused)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
@@ -407,6 +413,12 @@ def make_model(
         return {"main": dict(main), "aux": aux, "xlstm": cell.init(k_xlstm)}
 
     def apply(
+        params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
+    ) -> NetworkOutput:
+        with matmul_precision(matmul):
+            return _apply(params, obs, v_min, delta_z)
+
+    def _apply(
         params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
     ) -> NetworkOutput:
         chex.assert_rank(obs, 2)
@@ -434,7 +446,8 @@ def make_model(
 
     def coordinate(params: Params, q: Array) -> Coordinated:
         aux = params["aux"]
-        return coord.apply({k: aux[k] for k in _COORD_KEYS if k in aux}, q)
+        with matmul_precision(matmul):
+            return coord.apply({k: aux[k] for k in _COORD_KEYS if k in aux}, q)
 
     return Model(
         cfg=cfg, obs_dim=obs_dim, init=init_params, apply=apply, coordinate=coordinate, xlstm=cell

@@ -2,9 +2,13 @@
 
 The code (git commit of the package's checkout, ``+dirty`` with uncommitted changes; None
 outside a git checkout), the software (Python, jax, jaxlib), the hardware (platform, device
-kind and count, processes), the ``XLA_FLAGS`` the process ran with, the seed,
-``train.deterministic`` and the SHA-256 of the run's ``config.yaml``. With the same code,
-software, hardware, flags and config, a run with ``train.deterministic`` repeats bit for bit.
+kind and count, processes), the ``XLA_FLAGS`` the process ran with, the compilation cache
+folder (None when off), the seed, ``train.deterministic`` and the SHA-256 of the run's
+``config.yaml``. With the same code, software, hardware, flags and config, a run with
+``train.deterministic`` repeats bit for bit on the CPU; on a GPU also with the same
+compilation cache folder, which holds XLA's autotuning choices (JAX keeps its per-fusion
+autotuning results there, so even a fresh compilation picks the same kernels; H200
+measurements in bench/RESULTS.md, issue 16).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "compile_cache": jax.config.jax_compilation_cache_dir,
         "seed": cfg.seed,
         "deterministic": cfg.train.deterministic,
         "config_sha256": digest,
