@@ -4,11 +4,11 @@ with forced CPU devices)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from sigkill import kill_when_exists
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -56,15 +56,8 @@ def test_scale_sharded_run_resumes_after_sigkill_exactly(tmp_path):
     events = (tmp_path / "full" / "events.log").read_text()
     assert "4 cpu devices: seed 2 × data 2" in events
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *SHARDED, "--run-dir", "run"]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     after_epoch_1 = tmp_path / "run" / "checkpoints" / "3"
-    deadline = time.time() + 600
-    while not after_epoch_1.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_when_exists(cmd, tmp_path, _env(), after_epoch_1)
     assert after_epoch_1.exists()
     res = _train(["--resume", "run"], tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

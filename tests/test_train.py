@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pandas as pd
 import pytest
+from sigkill import kill_when_exists
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
@@ -101,15 +102,8 @@ def test_o6_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     ref, _ = full_run
     args = ["--config", str(SMOKE), "--run-dir", "run", *FAST]
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     step_after_epoch_2 = tmp_path / "run" / "checkpoints" / "6"
-    deadline = time.time() + 600
-    while not step_after_epoch_2.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_when_exists(cmd, tmp_path, _env(), step_after_epoch_2)
     assert step_after_epoch_2.exists()
     res = _train(["--resume", "run"], tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -8,15 +8,14 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from sigkill import kill_when_exists
 
 from jaxdqn import config as C
 from jaxdqn.evaluation import metrics
@@ -373,15 +372,8 @@ def test_e3_walkforward_resume_after_sigkill_continues_at_the_interrupted_fold(w
         shutil.copy(ref / name, run / name)
     shutil.copytree(ref / "fold_0", run / "fold_0")
     cmd = [sys.executable, "-m", "jaxdqn.walkforward", "--no-progress", "--resume", "wf"]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
     after_epoch_1 = run / "fold_1" / "checkpoints" / "3"  # fold 1's checkpoint after epoch 1
-    deadline = time.time() + 600
-    while not after_epoch_1.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_when_exists(cmd, tmp_path, _env(), after_epoch_1)
     assert after_epoch_1.exists()
     assert not (run / "fold_1" / "summary.json").exists() and not (run / RESULT).exists()
     fold_0 = (run / "fold_0" / "summary.json").read_bytes()

@@ -1,4 +1,5 @@
-"""How the program writes values: JSON-ready values, numeric arrays and ``H:MM:SS`` durations.
+"""How the program writes values: JSON-ready values, numeric arrays, ``H:MM:SS`` durations and
+the fixed-digit numbers and Markdown tables of the reports.
 
 The one definition of each conversion, shared by the log (``metrics.jsonl``, TensorBoard, the
 progress line), the result files (``summary.json``) and the report.
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["clock", "numeric", "to_jsonable"]
+__all__ = ["as_float", "clock", "fixed", "markdown_table", "numeric", "to_jsonable"]
 
 
 def to_jsonable(value: Any, name: str = "value") -> Any:
@@ -69,3 +70,27 @@ def clock(seconds: float) -> str:
         return "-:--:--"
     s = round(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def as_float(value: Any) -> float:
+    """``float(value)``; NaN for None and for what is not a number."""
+    try:
+        return math.nan if value is None else float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def fixed(value: Any, digits: int = 3) -> str:
+    """``value`` with ``digits`` decimals; ``"nan"`` for None, NaN, ±inf and non-numbers."""
+    x = as_float(value)
+    return f"{x:.{digits}f}" if math.isfinite(x) else "nan"
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table: ``head``, a rule (first column left, the others right
+    aligned) and one line per row of cells."""
+    return [
+        "| " + " | ".join(head) + " |",
+        "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]

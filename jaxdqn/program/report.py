@@ -30,7 +30,7 @@ from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
 from jaxdqn.program import metric_names, plots, report_statistics
-from jaxdqn.program.formats import clock
+from jaxdqn.program.formats import as_float, clock
 from jaxdqn.program.logger import read_metrics
 from jaxdqn.program.results import (
     SPLITS,
@@ -71,13 +71,6 @@ def _num(v: Any) -> str:
     return "nan" if math.isnan(f) else f"{f:.3f}"
 
 
-def _as_float(v: Any) -> float:
-    try:
-        return float("nan") if v is None else float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
 def _table(
     rows: Sequence[tuple[str, Mapping[str, str]]], columns: Sequence[str], first: str = "strategy"
 ) -> str:
@@ -116,7 +109,7 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
         if len(seeds) > 1:
             cells = {}
             for m in columns:
-                vals = np.array([_as_float(d.get(m)) for d in seed_dicts])
+                vals = np.array([as_float(d.get(m)) for d in seed_dicts])
                 vals = vals[np.isfinite(vals)]
                 if vals.size == 0:
                     cells[m] = "nan"
@@ -359,7 +352,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
             seeds,
             markers,
             best_epoch=(summary or {}).get("best_epoch"),
-            val_sharpe_lines={"buy_and_hold val": _as_float((bh.get("val") or {}).get("sharpe"))},
+            val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
         )
         for title, png in figures:
             if png is None:

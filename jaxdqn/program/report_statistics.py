@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,32 +11,13 @@ from typing import Any
 import numpy as np
 
 from jaxdqn.program import plots
+from jaxdqn.program.formats import as_float, fixed, markdown_table
 
 __all__ = ["cost_stress_section", "statistics_section", "statistics_table"]
 
 
-def _f(v: Any, digits: int = 3) -> str:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return "nan"
-    return f"{x:.{digits}f}" if math.isfinite(x) else "nan"
-
-
-def _p(v: Any) -> str:
-    return _f(v, 3)
-
-
 def _ci(low: Any, high: Any) -> str:
-    return "n/a" if low is None or high is None else f"[{_f(low)}, {_f(high)}]"
-
-
-def _rows_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(head) + " |",
-        "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
+    return "n/a" if low is None or high is None else f"[{fixed(low)}, {fixed(high)}]"
 
 
 def _mean_label(seeds: int) -> str:
@@ -55,18 +35,18 @@ def statistics_table(stats: Mapping[str, Any]) -> list[str]:
         "Sharpe",
         f"{level} % CI",
         "PSR (> 0)",
-        f"PSR (> {ref_name} {_f(ref.get('sharpe'))})",
+        f"PSR (> {ref_name} {fixed(ref.get('sharpe'))})",
     ]
     head += ["DSR", "block"]
     rows = [
         [
             f"seed {r.get('seed')}",
-            _f(r.get("sharpe")),
+            fixed(r.get("sharpe")),
             _ci(r.get("sharpe_low"), r.get("sharpe_high")),
-            _p(r.get("psr_zero")),
-            _p(r.get("psr_reference")),
-            _p(r.get("dsr")),
-            _f(r.get("block_length"), 1),
+            fixed(r.get("psr_zero")),
+            fixed(r.get("psr_reference")),
+            fixed(r.get("dsr")),
+            fixed(r.get("block_length"), 1),
         ]
         for r in stats.get("seeds") or []
     ]
@@ -74,21 +54,21 @@ def statistics_table(stats: Mapping[str, Any]) -> list[str]:
     rows.append(
         [
             _mean_label(len(stats.get("seeds") or [])),
-            _f(mean.get("sharpe")),
+            fixed(mean.get("sharpe")),
             _ci(mean.get("sharpe_low"), mean.get("sharpe_high")),
             "",
             "",
             "",
-            _f(mean.get("block_length"), 1),
+            fixed(mean.get("block_length"), 1),
         ]
     )
-    lines = _rows_table(head, rows)
+    lines = markdown_table(head, rows)
     dsr = stats.get("dsr") or {}
     lines += [
         "",
         f"DSR: N = {dsr.get('num_trials')} trials ({dsr.get('trials')}); std of their Sharpe "
-        f"{_f(dsr.get('sharpe_std'))}, expected best of N under no skill SR0 = "
-        f"{_f(dsr.get('sr0'))} (annualised). {stats.get('bars')} bars.",
+        f"{fixed(dsr.get('sharpe_std'))}, expected best of N under no skill SR0 = "
+        f"{fixed(dsr.get('sr0'))} (annualised). {stats.get('bars')} bars.",
         "",
     ]
     if stats.get("unavailable"):
@@ -98,19 +78,22 @@ def statistics_table(stats: Mapping[str, Any]) -> list[str]:
         return lines
     kinds = ("consistent", "lower", "upper")
     spa_rows = [
-        [name, *(_p(p.get(k)) for k in kinds)] for name, p in (spa.get("baselines") or {}).items()
+        [name, *(fixed(p.get(k)) for k in kinds)]
+        for name, p in (spa.get("baselines") or {}).items()
     ]
     all_p = spa.get("agent_beats_all") or {}
     some = spa.get("some_baseline_beats_agent") or {}
     spa_rows.append(
-        ["**agent beats every baseline** (largest p)", *(_p(all_p.get(k)) for k in kinds)]
+        ["**agent beats every baseline** (largest p)", *(fixed(all_p.get(k)) for k in kinds)]
     )
-    spa_rows.append(["some baseline beats the agent (reverse)", *(_p(some.get(k)) for k in kinds)])
+    spa_rows.append(
+        ["some baseline beats the agent (reverse)", *(fixed(some.get(k)) for k in kinds)]
+    )
     lines += [
         "Hansen's SPA (arch; mean daily return; per baseline H0: no seed beats it, so a small p "
         "says the agent beats that baseline):",
         "",
-        *_rows_table(["baseline", "p consistent", "p lower", "p upper"], spa_rows),
+        *markdown_table(["baseline", "p consistent", "p lower", "p upper"], spa_rows),
         "",
     ]
     return lines
@@ -155,23 +138,23 @@ def cost_stress_section(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
     body = []
     for r in rows:
         mean = r.get("mean") or {}
-        cells = [f"{_f(r.get('multiple'), 1)}×", _f(r.get("half_spread_bps"), 2)]
-        cells += [_f(r.get("commission_bps"), 2), _f(r.get("impact_eta"), 2)]
-        cells += [_f(mean.get(m)) for m in metrics]
+        cells = [f"{fixed(r.get('multiple'), 1)}×", fixed(r.get("half_spread_bps"), 2)]
+        cells += [fixed(r.get("commission_bps"), 2), fixed(r.get("impact_eta"), 2)]
+        cells += [fixed(mean.get(m)) for m in metrics]
         if seeds > 1:
-            cells.append(" / ".join(_f(s.get("sharpe")) for s in r.get("seeds") or []))
+            cells.append(" / ".join(fixed(s.get("sharpe")) for s in r.get("seeds") or []))
         body.append(cells)
     sharpe = np.full((len(rows), max(seeds, 1)), np.nan)  # [M, S]
     for i, r in enumerate(rows):
         for j, s in enumerate(r.get("seeds") or []):
-            sharpe[i, j] = _num(s.get("sharpe"))
+            sharpe[i, j] = as_float(s.get("sharpe"))
     bh = ((summary.get("baselines") or {}).get("buy_and_hold") or {}).get(split) or {}
     png = plots.plot_cost_stress(
         run_dir,
         [float(r["multiple"]) for r in rows],
         sharpe,
         split,
-        {"buy_and_hold at 1×": _num(bh.get("sharpe"))},
+        {"buy_and_hold at 1×": as_float(bh.get("sharpe"))},
     )
     label = "seed mean" if seeds > 1 else "one seed"
     return [
@@ -181,15 +164,8 @@ def cost_stress_section(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
         f"impact) multiplied; the same policy, bars and key ({label}; 1× is the {split} "
         "walk above).",
         "",
-        *_rows_table(head, body),
+        *markdown_table(head, body),
         "",
         f"![cost stress]({png})",
         "",
     ]
-
-
-def _num(v: Any) -> float:
-    try:
-        return float("nan") if v is None else float(v)
-    except (TypeError, ValueError):
-        return float("nan")

@@ -28,6 +28,7 @@ from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.evaluation.walk import EvalResult
 from jaxdqn.market.env import EnvParams
 from jaxdqn.program import metric_names
+from jaxdqn.program.formats import fixed
 from jaxdqn.program.logger import read_metrics
 
 __all__ = [
@@ -135,10 +136,6 @@ def cost_stress_table(
     return {"split": split, "metrics": list(STRESS_METRICS), "rows": rows}
 
 
-def _fmt(v: Any) -> str:
-    return "nan" if v is None or not math.isfinite(float(v)) else f"{float(v):.3f}"
-
-
 def summary_lines(stats: Mapping[str, Any]) -> list[str]:
     """The plain-text table of :func:`split_statistics`'s entry that ``python -m
     jaxdqn.evaluate`` prints."""
@@ -147,14 +144,14 @@ def summary_lines(stats: Mapping[str, Any]) -> list[str]:
     lines = [f"statistics ({stats.get('bars')} bars; Sharpe annualised, {level} % bootstrap CI):"]
     for r in stats.get("seeds") or []:
         lines.append(
-            f"  seed {r['seed']}: sharpe {_fmt(r['sharpe'])} "
-            f"[{_fmt(r['sharpe_low'])}, {_fmt(r['sharpe_high'])}]  PSR>0 {_fmt(r['psr_zero'])}  "
-            f"PSR>{ref.get('name')} {_fmt(r['psr_reference'])}  DSR {_fmt(r['dsr'])}"
+            f"  seed {r['seed']}: sharpe {fixed(r['sharpe'])} "
+            f"[{fixed(r['sharpe_low'])}, {fixed(r['sharpe_high'])}]  PSR>0 {fixed(r['psr_zero'])}  "
+            f"PSR>{ref.get('name')} {fixed(r['psr_reference'])}  DSR {fixed(r['dsr'])}"
         )
     m = stats.get("mean") or {}
     lines.append(
-        f"  mean: sharpe {_fmt(m.get('sharpe'))} "
-        f"[{_fmt(m.get('sharpe_low'))}, {_fmt(m.get('sharpe_high'))}]"
+        f"  mean: sharpe {fixed(m.get('sharpe'))} "
+        f"[{fixed(m.get('sharpe_low'))}, {fixed(m.get('sharpe_high'))}]"
     )
     dsr = stats.get("dsr") or {}
     lines.append(f"  DSR trials: N = {dsr.get('num_trials')} ({dsr.get('trials')})")
@@ -162,10 +159,10 @@ def summary_lines(stats: Mapping[str, Any]) -> list[str]:
         lines.append(f"  {stats['unavailable']}")
     elif stats.get("spa"):
         spa = stats["spa"]
-        per = ", ".join(f"{n} {_fmt(p['consistent'])}" for n, p in spa["baselines"].items())
+        per = ", ".join(f"{n} {fixed(p['consistent'])}" for n, p in spa["baselines"].items())
         lines.append(
             f"  SPA p (consistent): {per}; agent beats every baseline "
-            f"{_fmt(spa['agent_beats_all']['consistent'])}; some baseline beats the agent "
-            f"{_fmt(spa['some_baseline_beats_agent']['consistent'])}"
+            f"{fixed(spa['agent_beats_all']['consistent'])}; some baseline beats the agent "
+            f"{fixed(spa['some_baseline_beats_agent']['consistent'])}"
         )
     return lines

@@ -11,7 +11,6 @@ stitched equity and drawdown (``equity_stitched.png``, ``drawdown_stitched.png``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from jaxdqn.program import plots, report_statistics
-from jaxdqn.program.formats import clock
+from jaxdqn.program.formats import clock, fixed, markdown_table
 from jaxdqn.program.results import write_text_atomic
 
 __all__ = ["REPORT_FILE", "STITCHED_METRICS", "write_walkforward_report"]
@@ -39,22 +38,6 @@ STITCHED_METRICS = (
 )
 """Columns of the stitched-metrics table (those a strategy has)."""
 REFERENCE = "buy_and_hold"
-
-
-def _f(v: Any, digits: int = 3) -> str:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return "nan"
-    return f"{x:.{digits}f}" if math.isfinite(x) else "nan"
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return [
-        "| " + " | ".join(head) + " |",
-        "| --- | " + " | ".join("---:" for _ in head[1:]) + " |",
-        *("| " + " | ".join(r) + " |" for r in rows),
-    ]
 
 
 def _span(dates: Sequence[str]) -> str:
@@ -92,15 +75,15 @@ def _fold_section(result: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         d = f["dates"]
         cells = [f"[{f['fold']}](fold_{f['fold']}/report.md)", _span(d["train"])]
         cells += [_span(d["val"]), _span(d["test"])]
-        cells += [str(f.get("best_epoch")), _f(f.get("val_sharpe")), _f(f.get("test_sharpe"))]
-        cells += [_f(f["baselines_test_sharpe"].get(n)) for n in names]
+        cells += [str(f.get("best_epoch")), fixed(f.get("val_sharpe")), fixed(f.get("test_sharpe"))]
+        cells += [fixed(f["baselines_test_sharpe"].get(n)) for n in names]
         body.append(cells)
     seeds = result.get("num_seeds", 1)
     note = "seed means; " if seeds > 1 else ""
     lines = [
         "## Folds",
         "",
-        *_table(head, body),
+        *markdown_table(head, body),
         "",
         f"Sharpe annualised ({note}val: the selected checkpoint's val walk).",
         "",
@@ -115,14 +98,14 @@ def _stitched_section(result: Mapping[str, Any]) -> list[str]:
     rows = []
     seeds = st["seeds"]
     label = f"**agent** (mean of {len(seeds)} seeds)" if len(seeds) > 1 else "**agent**"
-    rows.append([label, *(_f(st["mean"].get(m)) for m in columns)])
+    rows.append([label, *(fixed(st["mean"].get(m)) for m in columns)])
     if len(seeds) > 1:
-        rows += [[f"agent seed {s['seed']}", *(_f(s.get(m)) for m in columns)] for s in seeds]
-    rows += [[n, *(_f(b.get(m)) for m in columns)] for n, b in st["baselines"].items()]
+        rows += [[f"agent seed {s['seed']}", *(fixed(s.get(m)) for m in columns)] for s in seeds]
+    rows += [[n, *(fixed(b.get(m)) for m in columns)] for n, b in st["baselines"].items()]
     return [
         f"## Stitched out-of-sample test ({_span(st['dates'])}, {st['bars']} bars)",
         "",
-        *_table(["strategy", *columns], rows),
+        *markdown_table(["strategy", *columns], rows),
         "",
         "### Statistics of the stitched returns",
         "",
