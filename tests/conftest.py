@@ -1,17 +1,35 @@
-"""Test-session setup: programs started by the tests keep their compilation cache in a temporary
-folder, never in the user's ``~/.cache`` (``jaxdqn.program.runtime``)."""
+"""Test-session setup: one persistent compilation cache per test process, in a temporary
+folder, never in the user's ``~/.cache`` (``jaxdqn.program.runtime``).
+
+The programs the tests start (``python -m jaxdqn.train`` ...) find it through
+``JAXDQN_COMPILE_CACHE``; the tests that train in this process use it too, so a Trainer built
+for the same sizes as an earlier one loads the earlier executables instead of compiling them
+again (each closure is a new function to JAX's in-memory cache, but the same program to the
+persistent one). On the CPU a loaded executable is the compiled one: results do not change.
+It is set in ``pytest_configure``, before collection imports anything that could compile.
+"""
 
 import os
+import shutil
+import tempfile
 
-import pytest
+_STATE: dict[str, str | None] = {}
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _private_compile_cache(tmp_path_factory):
-    old = os.environ.get("JAXDQN_COMPILE_CACHE")
-    os.environ["JAXDQN_COMPILE_CACHE"] = str(tmp_path_factory.mktemp("compile_cache"))
-    yield
+def pytest_configure(config):
+    folder = tempfile.mkdtemp(prefix="jaxdqn_test_compile_cache_")
+    _STATE.update(folder=folder, old=os.environ.get("JAXDQN_COMPILE_CACHE"))
+    os.environ["JAXDQN_COMPILE_CACHE"] = folder
+    from jaxdqn.program import runtime
+
+    runtime.configure(folder, xla_flags=False)
+
+
+def pytest_unconfigure(config):
+    folder, old = _STATE.get("folder"), _STATE.get("old")
     if old is None:
         os.environ.pop("JAXDQN_COMPILE_CACHE", None)
     else:
         os.environ["JAXDQN_COMPILE_CACHE"] = old
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)

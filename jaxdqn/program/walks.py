@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdqn.agent.build import Agent
@@ -24,12 +25,21 @@ from jaxdqn.market.market import Prepared
 __all__ = ["make_validate", "seed_policy_params", "stress_seed", "walk_seed"]
 
 
+@jax.jit
+def _take_seed(tree: Any, s: jax.Array) -> Any:
+    """Every leaf ``[S, ...]`` of ``tree`` at seed ``s`` (exact slices). One compiled program
+    for all seeds and one call per walk: slicing the ~120 leaves one by one took ~0.6 s per
+    walk on a 2-core CPU (one dispatch each)."""
+    return jax.tree.map(lambda x: x[s], tree)
+
+
 def seed_policy_params(agent: Agent, state: TrainState, s: int) -> tuple[Any, Any, Any, Any]:
     """``(params, v_min, Δz, readiness)`` of seed ``s`` of ``state`` ``[S, ...]``: the traced
     arguments of ``agent.acting.eval_policy`` (support grid from ``agent.dynamics.grid``)."""
-    take = lambda x: x[s]
-    v_min, dz = agent.dynamics.grid(jax.tree.map(take, state.dynamics))
-    return jax.tree.map(take, state.params), v_min, dz, state.dynamics.iqn_readiness[s]
+    params, dyn = _take_seed((state.params, state.dynamics), jnp.int32(s))
+    # the grid stays outside the compiled slice: computed as before, to the same bits
+    v_min, dz = agent.dynamics.grid(dyn)
+    return params, v_min, dz, dyn.iqn_readiness
 
 
 def walk_seed(
