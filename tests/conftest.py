@@ -13,12 +13,15 @@ import os
 import shutil
 import tempfile
 
-_STATE: dict[str, str | None] = {}
+import pytest
+
+# (the folder made for this process, the JAXDQN_COMPILE_CACHE it replaced)
+_CACHE = pytest.StashKey[tuple[str, str | None]]()
 
 
 def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="jaxdqn_test_compile_cache_")
-    _STATE.update(folder=folder, old=os.environ.get("JAXDQN_COMPILE_CACHE"))
+    config.stash[_CACHE] = (folder, os.environ.get("JAXDQN_COMPILE_CACHE"))
     os.environ["JAXDQN_COMPILE_CACHE"] = folder
     from jaxdqn.program import runtime
 
@@ -26,10 +29,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    folder, old = _STATE.get("folder"), _STATE.get("old")
+    folder, old = config.stash[_CACHE]
     if old is None:
         os.environ.pop("JAXDQN_COMPILE_CACHE", None)
     else:
         os.environ["JAXDQN_COMPILE_CACHE"] = old
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
