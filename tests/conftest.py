@@ -6,7 +6,10 @@ The programs the tests start (``python -m jaxdqn.train`` ...) find it through
 for the same sizes as an earlier one loads the earlier executables instead of compiling them
 again (each closure is a new function to JAX's in-memory cache, but the same program to the
 persistent one). On the CPU a loaded executable is the compiled one: results do not change.
-It is set in ``pytest_configure``, before collection imports anything that could compile.
+It is set in ``pytest_configure``, before collection imports anything that could compile,
+together with jaxdqn's XLA flags, so that the programs compiled in this process are the ones
+``python -m jaxdqn.train`` compiles (the CPU flags change float rounding: a test comparing a
+training here with one in a subprocess needs both under the same flags).
 """
 
 import os
@@ -25,7 +28,7 @@ def pytest_configure(config):
     os.environ["JAXDQN_COMPILE_CACHE"] = folder
     from jaxdqn.program import runtime
 
-    runtime.configure(folder, xla_flags=False)
+    runtime.configure(folder)
 
 
 def pytest_unconfigure(config):

@@ -1,4 +1,4 @@
-"""The programs' JAX setup (issue 12): GPU XLA flags and the persistent compilation cache."""
+"""The programs' JAX setup (issues 11, 12): XLA flags and the persistent compilation cache."""
 
 import os
 import subprocess
@@ -19,11 +19,13 @@ def _env(**extra):
     return env
 
 
-def test_gpu_xla_flags_are_accepted_by_the_installed_jaxlib():
-    """XLA aborts the process on an unknown flag; the CPU jaxlib parses the GPU flags too, so
-    this checks their names against the jaxlib that is installed (a renamed flag fails here)."""
+def test_xla_flags_are_accepted_by_the_installed_jaxlib():
+    """XLA aborts the process on an unknown flag and every backend parses every flag, so this
+    checks the GPU and CPU flags' names against the jaxlib that is installed (a renamed flag
+    fails here)."""
     code = "import jax, jax.numpy as jnp; print(int(jax.jit(lambda x: x + 1)(jnp.int32(1))))"
-    flags = " ".join(runtime.GPU_XLA_FLAGS)
+    flags = " ".join(runtime.XLA_FLAGS)
+    assert set(runtime.GPU_XLA_FLAGS) | set(runtime.CPU_XLA_FLAGS) == set(runtime.XLA_FLAGS)
     res = subprocess.run(
         [sys.executable, "-c", code], env=_env(XLA_FLAGS=flags), capture_output=True, text=True
     )
@@ -37,6 +39,31 @@ def test_gpu_xla_flags_are_accepted_by_the_installed_jaxlib():
     assert bogus.returncode != 0 and "Unknown flag" in bogus.stderr  # the check can fail
 
 
+def test_cpu_xla_flags_replace_the_ynnpack_fusions_with_xlas_own_kernels():
+    """A branch-head-sized product with its elementwise tail compiles to a YNNPACK fusion by
+    default and to none under CPU_XLA_FLAGS, with the same value to float rounding."""
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda h, w: jnp.tanh(h @ w).sum(-1))\n"
+        "h = jnp.linspace(-1, 1, 3 * 256 * 64).reshape(3, 256, 64)\n"
+        "w = jnp.linspace(-1, 1, 64 * 153).reshape(64, 153)\n"
+        "print('ynn_fusion' in f.lower(h, w).compile().as_text(), float(f(h, w).sum()))"
+    )
+
+    def run(flags):
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=_env(XLA_FLAGS=flags), capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stderr[-2000:]
+        ynn, value = res.stdout.split()
+        return ynn == "True", float(value)
+
+    ynn_default, v_default = run("")
+    ynn_flagged, v_flagged = run(" ".join(runtime.CPU_XLA_FLAGS))
+    assert ynn_default and not ynn_flagged
+    assert abs(v_default - v_flagged) <= 1e-4 * abs(v_default)
+
+
 def test_xla_flags_merge_keeps_the_users_value():
     user = "--xla_gpu_graph_min_graph_size=5 --xla_dump_to=/tmp/x"
     merged = runtime.merge_xla_flags(user).split()
@@ -44,7 +71,7 @@ def test_xla_flags_merge_keeps_the_users_value():
     assert "--xla_gpu_graph_min_graph_size=1" not in merged  # the user's value wins
     names = [f.split("=")[0] for f in merged]
     assert len(names) == len(set(names))
-    for flag in runtime.GPU_XLA_FLAGS:
+    for flag in runtime.XLA_FLAGS:
         assert flag.split("=")[0] in names
     assert runtime.merge_xla_flags(runtime.merge_xla_flags("")) == runtime.merge_xla_flags("")
 
@@ -57,7 +84,8 @@ def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path
     off = runtime.configure(None, cache=False, xla_flags=False, environ=env)
     assert off is None and "XLA_FLAGS" not in env
     runtime.configure(None, cache=False, xla_flags=True, environ=env)
-    assert env["XLA_FLAGS"] == " ".join(runtime.GPU_XLA_FLAGS)
+    assert env["XLA_FLAGS"] == " ".join(runtime.XLA_FLAGS)
+    assert "--xla_cpu_experimental_ynn_fusion_type=" in env["XLA_FLAGS"].split()
 
 
 def _smoke_train(tmp_path, *args):
