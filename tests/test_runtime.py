@@ -25,7 +25,6 @@ def test_xla_flags_are_accepted_by_the_installed_jaxlib():
     fails here)."""
     code = "import jax, jax.numpy as jnp; print(int(jax.jit(lambda x: x + 1)(jnp.int32(1))))"
     flags = " ".join(runtime.XLA_FLAGS)
-    assert set(runtime.GPU_XLA_FLAGS) | set(runtime.CPU_XLA_FLAGS) == set(runtime.XLA_FLAGS)
     res = subprocess.run(
         [sys.executable, "-c", code], env=_env(XLA_FLAGS=flags), capture_output=True, text=True
     )
