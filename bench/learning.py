@@ -7,6 +7,7 @@ learned and how stable it stayed.
     python bench/learning.py D          # CPU: the default run (python -m jaxdqn.train)
     python bench/learning.py E          # CPU: configs/synthetic.yaml on another planted signal
     python bench/learning.py E1         # CPU: the first E, now a development case
+    python bench/learning.py E2         # CPU: the second E, now a development case
     python bench/learning.py A --runs DIR [key=value ...]   # keep the run in DIR, add overrides
 
 Each case runs ``python -m jaxdqn.train`` in a fresh run directory and reads back what the run
@@ -52,8 +53,20 @@ CASES: dict[str, list[str]] = {
     ],
     "D": [],
     # Not tuned on: another persistence, volatility and drift of the planted AR(1) signal,
-    # chosen before any run on it (2026-12-01) and run once with the final defaults.
+    # chosen on 2026-12-02 before any run on it, to be run once with the final defaults. The
+    # case E before it (now E2) was used to choose replay.batch_size=128 (docs/LEARNING.md).
     "E": [
+        "--config",
+        "configs/synthetic.yaml",
+        "train.num_seeds=3",
+        "data.synthetic.phi=0.13",
+        "data.synthetic.vol=0.012",
+        "data.synthetic.drift=0.0002",
+        "data.synthetic.seed=53",
+    ],
+    # The second case E (2026-12-01). Its val curves chose the batch size of
+    # configs/synthetic.yaml (2026-12-02), so it is a development case now.
+    "E2": [
         "--config",
         "configs/synthetic.yaml",
         "train.num_seeds=3",
