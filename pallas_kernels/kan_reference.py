@@ -41,6 +41,8 @@ w_res = 0 removes it, leaving the flat 0.5 gate at initialisation.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -50,6 +52,7 @@ NUM_INTERVALS = NUM_BASES - 3  # cubic: bases = intervals + degree
 __all__ = [
     "NUM_BASES",
     "NUM_INTERVALS",
+    "kan_gate_autodiff",
     "kan_gate_init",
     "kan_gate_reference",
     "spline_weights",
@@ -126,6 +129,81 @@ def _pick(i: jax.Array, coeffs: jax.Array, j: int) -> jax.Array:
     return out
 
 
+def _gate_expression(x, coeffs, w_res, grid_min, grid_max):
+    """The forward expression of the module docstring (difference form) and what the
+    closed-form backward reuses: ``(gate, (i, t, T_1, T_2, T_3, d_1, d_2, d_3, sigmoid(x)))``
+    with ``d_j = c_{i+j} − c_{i+j−1}``."""
+    i, tail1, tail2, tail3 = tail_weights(x, grid_min, grid_max)
+    coeffs = coeffs.astype(x.dtype)
+    c0, c1, c2, c3 = (_pick(i, coeffs, j) for j in range(4))
+    d1, d2, d3 = c1 - c0, c2 - c1, c3 - c2
+    spline = c0 + d1 * tail1 + d2 * tail2 + d3 * tail3
+    sig = jax.nn.sigmoid(x)
+    return spline + w_res.astype(x.dtype) * (sig - 0.5), (i, tail1, tail2, tail3, d1, d2, d3, sig)
+
+
+def _check_shapes(x, coeffs, w_res):
+    if coeffs.ndim != 2 or coeffs.shape[1] != NUM_BASES:
+        raise ValueError(f"kan_gate: coeffs must be [F, {NUM_BASES}], got {coeffs.shape}")
+    if x.shape[-1] != coeffs.shape[0] or w_res.shape != (coeffs.shape[0],):
+        raise ValueError(
+            f"kan_gate: x [..., F], coeffs [F, 8], w_res [F] disagree: "
+            f"{x.shape}, {coeffs.shape}, {w_res.shape}"
+        )
+
+
+def kan_gate_autodiff(x, coeffs, w_res, *, grid_min: float = -3.0, grid_max: float = 3.0):
+    """The same gate as :func:`kan_gate_reference`, differentiated by plain autodiff through
+    the select chains (the check on the reference's closed-form backward)."""
+    _check_shapes(x, coeffs, w_res)
+    return _gate_expression(x, coeffs, w_res, grid_min, grid_max)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gate(x, coeffs, w_res, grid_min, grid_max):
+    return _gate_expression(x, coeffs, w_res, grid_min, grid_max)[0]
+
+
+def _gate_fwd(x, coeffs, w_res, grid_min, grid_max):
+    out, saved = _gate_expression(x, coeffs, w_res, grid_min, grid_max)
+    return out, (x, coeffs, w_res, saved)
+
+
+def _gate_bwd(grid_min, grid_max, res, g):
+    """Closed-form VJP. With t the local coordinate and h the interval width,
+
+        ∂gate/∂x      = [x in grid]·(d_1·T_1' + d_2·T_2' + d_3·T_3')/h + w_res·σ'(x),
+                        T_1' = (1 − t)²/2,  T_2' = 1/2 + t − t²,  T_3' = t²/2
+        ∂gate/∂c[f,k] = B_k(clamp(x))  (non-zero for k = i … i+3: the weights
+                        B_{i+j} = T_j − T_{j+1}, T_0 = 1, T_4 = 0)
+        ∂gate/∂w_res  = σ(x) − 1/2
+
+    The coefficient gradient sums ``g·B_k`` over the leading axes as one [..., F, 8] array
+    (a select per basis): autodiff's transpose of the four select chains reduces 20 masked
+    [..., F] arrays instead, ≈ 5× slower on a CPU (bench: 3 × 256 × 64, 0.70 → 0.15 ms)."""
+    x, coeffs, w_res, (i, tail1, tail2, tail3, d1, d2, d3, sig) = res
+    h = (grid_max - grid_min) / NUM_INTERVALS
+    u = (_clamp(x, grid_min, grid_max) - grid_min) * (1.0 / h)
+    t = u - jnp.minimum(jnp.floor(u), NUM_INTERVALS - 1)
+    s = 1.0 - t
+    slope = d1 * (0.5 * s * s) + d2 * (0.5 + t - t * t) + d3 * (0.5 * t * t)
+    inside = (x >= grid_min) & (x <= grid_max)
+    w = w_res.astype(x.dtype)
+    dx = g * (jnp.where(inside, slope * (1.0 / h), 0.0) + w * (sig * (1.0 - sig)))
+    lead = tuple(range(x.ndim - 1))
+    dw = jnp.sum(g * (sig - 0.5), axis=lead)
+    basis = (1.0 - tail1, tail1 - tail2, tail2 - tail3, tail3)  # B_{i+j}, j = 0 … 3
+    k = jnp.arange(NUM_BASES, dtype=jnp.int32)
+    gb = sum(
+        jnp.where((i + j)[..., None] == k, (g * b)[..., None], 0.0) for j, b in enumerate(basis)
+    )  # [..., F, 8]
+    dc = jnp.sum(gb, axis=lead)
+    return dx.astype(x.dtype), dc.astype(coeffs.dtype), dw.astype(w_res.dtype)
+
+
+_gate.defvjp(_gate_fwd, _gate_bwd)
+
+
 def kan_gate_reference(
     x: jax.Array,
     coeffs: jax.Array,
@@ -134,7 +212,9 @@ def kan_gate_reference(
     grid_min: float = -3.0,
     grid_max: float = 3.0,
 ) -> jax.Array:
-    """Pure-jnp KAN gate (see the module docstring for the math), differentiable by autodiff.
+    """Pure-jnp KAN gate (see the module docstring for the math), differentiable through a
+    closed-form VJP (``_gate_bwd``; checked against finite differences and against
+    :func:`kan_gate_autodiff`).
 
     Args:
       x: pre-activations [B, F] (any leading shape [..., F] works).
@@ -145,15 +225,5 @@ def kan_gate_reference(
     Returns:
       gate [..., F], dtype of x.
     """
-    if coeffs.ndim != 2 or coeffs.shape[1] != NUM_BASES:
-        raise ValueError(f"kan_gate: coeffs must be [F, {NUM_BASES}], got {coeffs.shape}")
-    if x.shape[-1] != coeffs.shape[0] or w_res.shape != (coeffs.shape[0],):
-        raise ValueError(
-            f"kan_gate: x [..., F], coeffs [F, 8], w_res [F] disagree: "
-            f"{x.shape}, {coeffs.shape}, {w_res.shape}"
-        )
-    i, tail1, tail2, tail3 = tail_weights(x, grid_min, grid_max)
-    coeffs = coeffs.astype(x.dtype)
-    c0, c1, c2, c3 = (_pick(i, coeffs, j) for j in range(4))
-    spline = c0 + (c1 - c0) * tail1 + (c2 - c1) * tail2 + (c3 - c2) * tail3
-    return spline + w_res.astype(x.dtype) * (jax.nn.sigmoid(x) - 0.5)
+    _check_shapes(x, coeffs, w_res)
+    return _gate(x, coeffs, w_res, float(grid_min), float(grid_max))
