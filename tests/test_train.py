@@ -200,7 +200,9 @@ def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
 
     trainer.rewind = rewind
     trainer.run()
-    assert len(traces) == 1  # lr changes, restarts, O3/O4, host scalars: one compilation
+    assert len(traces) == 1  # lr changes, restarts, O3/O4, host scalars: one trace
+    # and one executable: the rewound state (restored from a checkpoint) is the same program
+    assert trainer.placed.iterate._cache_size() == 1
     records = _records(tmp_path / "run")
     actions = [r["action"] for r in records]
     assert actions == ["none", "reset_branches", "none", "none", "rewind", "none"]
@@ -266,6 +268,7 @@ def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
     trainer.iterate = poisoned
     summary = trainer.run()
     assert summary["fault_events"] == 1
+    assert trainer.placed.iterate._cache_size() == 1  # the recovered state: the same program
     records = _records(tmp_path / "run")
     assert [r["epoch"] for r in records] == [1, 2, 3]
     assert all(np.isfinite(r["loss"]) for r in records if r["loss"] is not None)

@@ -64,9 +64,16 @@ class Placement:
         return state.replace(**{**empty, "params": params, "dynamics": dynamics})
 
     def put(self, state: TrainState) -> TrainState:
-        """``state`` on the layout's shardings (unchanged on one device)."""
+        """``state`` on the layout's shardings; on one device, committed to that device.
+
+        One device: a fresh state (the initialiser's output from uncommitted inputs) is
+        uncommitted, a restored one (resume, rewind, fault recovery: orbax places it on the
+        device) committed, and ``jax.jit`` compiles the iteration once for each — a second
+        compilation, which the persistent cache never holds for a resumed run (2-core CPU,
+        smoke config: two 16-20 s compilations in every resume). Committing both makes them one
+        program. Leaves already on the device are not copied."""
         if self.layout.mesh is None:
-            return state
+            return jax.device_put(state, jax.devices()[0])
         if jax.process_count() > 1:
             # A value the host made on this process's device (e.g. a learning rate) goes onto
             # the global layout from host memory: it is the same on every process.
