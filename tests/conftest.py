@@ -1,40 +1,99 @@
-"""Test-session setup: one persistent compilation cache per test process, in a temporary
-folder, never in the user's ``~/.cache`` (``jaxdqn.program.runtime``).
+"""Test-session setup: one folder per test session, shared by every process of the session —
+pytest, each pytest-xdist worker and every program a test starts — holding
 
-The programs the tests start (``python -m jaxdqn.train`` ...) find it through
-``JAXDQN_COMPILE_CACHE``; the tests that train in this process use it too, so a Trainer built
-for the same sizes as an earlier one loads the earlier executables instead of compiling them
-again (each closure is a new function to JAX's in-memory cache, but the same program to the
-persistent one). On the CPU a loaded executable is the compiled one: results do not change.
-It is set in ``pytest_configure``, before collection imports anything that could compile,
-together with jaxdqn's XLA flags, so that the programs compiled in this process are the ones
-``python -m jaxdqn.train`` compiles (the CPU flags change float rounding: a test comparing a
-training here with one in a subprocess needs both under the same flags).
+- ``xla/``: JAX's persistent compilation cache (``jaxdqn.program.runtime``), never the user's
+  ``~/.cache``. A program compiled once in the session (a Trainer in a worker, or ``python -m
+  jaxdqn.train`` in a subprocess) is loaded from it by every later process that builds the same
+  program, whichever worker runs it. On the CPU a loaded executable is the compiled one:
+  results do not change.
+- ``runs/``: the trained runs that several tests only read (:mod:`shared_runs`), each trained
+  once per session under a file lock.
+
+The controller makes the folder in ``pytest_configure`` and names it in ``JAXDQN_TEST_SESSION``;
+the xdist workers, started after it, inherit the variable and use the same folder. It is set
+before collection imports anything that could compile, together with jaxdqn's XLA flags, so
+that the programs compiled in this process are the ones ``python -m jaxdqn.train`` compiles in
+the tests' subprocesses (they inherit ``XLA_FLAGS``; the CPU flags change float rounding: a test
+comparing a training here with one in a subprocess needs both under the same flags).
 """
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
-# (the folder made for this process, the JAXDQN_COMPILE_CACHE it replaced)
-_CACHE = pytest.StashKey[tuple[str, str | None]]()
+SESSION_ENV = "JAXDQN_TEST_SESSION"
+
+# (the session folder, whether this process made it, the environment it replaced)
+_SESSION = pytest.StashKey[tuple[Path, bool, dict[str, str | None]]]()
+_REPLACED = ("JAXDQN_COMPILE_CACHE", "XLA_FLAGS", SESSION_ENV)
 
 
 def pytest_configure(config):
-    folder = tempfile.mkdtemp(prefix="jaxdqn_test_compile_cache_")
-    config.stash[_CACHE] = (folder, os.environ.get("JAXDQN_COMPILE_CACHE"))
-    os.environ["JAXDQN_COMPILE_CACHE"] = folder
     from jaxdqn.program import runtime
 
-    runtime.configure(folder)
+    old = {k: os.environ.get(k) for k in _REPLACED}
+    inherited = os.environ.get(SESSION_ENV)
+    if os.environ.get("PYTEST_XDIST_WORKER") and inherited and Path(inherited).is_dir():
+        folder, owner = Path(inherited), False
+    else:
+        folder, owner = Path(tempfile.mkdtemp(prefix="jaxdqn_test_session_")), True
+        (folder / "runs").mkdir()
+    config.stash[_SESSION] = (folder, owner, old)
+    os.environ[SESSION_ENV] = str(folder)
+    os.environ["JAXDQN_COMPILE_CACHE"] = str(folder / "xla")
+    runtime.configure(folder / "xla")
 
 
 def pytest_unconfigure(config):
-    folder, old = config.stash[_CACHE]
-    if old is None:
-        os.environ.pop("JAXDQN_COMPILE_CACHE", None)
-    else:
-        os.environ["JAXDQN_COMPILE_CACHE"] = old
-    shutil.rmtree(folder, ignore_errors=True)
+    folder, owner, old = config.stash[_SESSION]
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if owner:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# The modules whose tests cost the most worker-seconds, most expensive first (`python
+# bench/suite_costs.py` measures them). pytest-xdist hands out whole modules (``--dist
+# loadfile``) in collection order (``--no-loadscope-reorder``), so starting with the longest
+# ones keeps both workers busy to the end instead of leaving one module running alone.
+HEAVY_FIRST = (
+    "test_train.py",
+    "test_scale.py",
+    "test_scale_runs.py",
+    "test_network.py",
+    "test_iteration.py",
+    "test_ablate.py",
+    "test_walkforward.py",
+    "test_runtime.py",
+    "test_losses.py",
+    "test_acting.py",
+    "test_schedule.py",
+)
+
+
+def _module_fixtures(item) -> set[str]:
+    defs = item._fixtureinfo.name2fixturedefs
+    return {name for name, d in defs.items() if d and d[-1].scope in ("module", "session")}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+    # ``slow`` marks the tests that take seconds (``pytest -m "not slow"`` is the quick loop).
+    # A test that shares a module-scoped fixture with a slow test is slow too: the fixture's
+    # cost falls on whichever of them runs first.
+    heavy = {
+        (item.path, name)
+        for item in items
+        if item.get_closest_marker("slow")
+        for name in _module_fixtures(item)
+    }
+    for item in items:
+        if any((item.path, name) in heavy for name in _module_fixtures(item)):
+            item.add_marker(pytest.mark.slow)

@@ -31,6 +31,7 @@ from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.nstep import Transition
 from jaxdqn.agent.replay import make_prioritised_replay
 from jaxdqn.market import market as market_setup
+from jaxdqn.program import runtime
 from jaxdqn.shards import Shards
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
@@ -210,6 +211,7 @@ def data_parallel_iteration(prepared, iterations=3):
 
 
 def main() -> int:
+    runtime.configure(None)  # the test session's compilation cache ($JAXDQN_COMPILE_CACHE)
     cfg = config.load(SMOKE, ["train.num_seeds=4"])
     prepared = market_setup.prepare(cfg)
     checks = {

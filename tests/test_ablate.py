@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
+import shared_runs
 import yaml
 
 from jaxdqn import ablate
@@ -95,17 +97,28 @@ def test_ablation_refuses_unknown_variants_with_one_line(capsys, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow
 def test_ablation_end_to_end_on_the_smoke_config_and_resumes_by_skipping(tmp_path, capsys):
+    """The all-on reference comes from the session's shared ablation (the same command with
+    ``--only all_on``), copied in as a finished variant: this run trains ``no_kan`` only, and
+    skips ``all_on`` exactly as a resumed ablation does."""
     out = tmp_path / "abl"
+    out.mkdir()
+    shutil.copytree(shared_runs.ablation_all_on() / "all_on", out / "all_on")
+    reference = (out / "all_on" / "summary.json").stat().st_mtime_ns
     smoke = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
     args = ["--config", str(smoke), "--only", "no_kan", "--out", str(out)]
-    args += ["train.epochs=1", "train.num_seeds=2"]
+    args += shared_runs.POPULATION
     assert ablate.main(args) == 0
+    assert (out / "all_on" / "summary.json").stat().st_mtime_ns == reference  # not retrained
     rows = json.loads((out / "ablation.json").read_text())
     assert set(rows) == {"all_on", "no_kan"} and rows["no_kan"]["n"] == 2
+    assert rows["all_on"]["n"] == 2
     saved = yaml.safe_load((out / "no_kan" / "config.yaml").read_text())
     assert saved["model"]["kan"] is False and saved["train"]["num_seeds"] == 2
     assert saved["loss"]["spread"] is True  # off by default, on in every "off alone" variant
+    on = yaml.safe_load((out / "all_on" / "config.yaml").read_text())
+    assert on["model"]["kan"] is True and on["loss"]["spread"] is True
     assert "| no_kan | M4 |" in (out / "ablation.md").read_text()
     stamp = (out / "no_kan" / "summary.json").stat().st_mtime_ns
     assert ablate.main(args) == 0  # finished variants are skipped, not retrained

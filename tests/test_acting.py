@@ -159,6 +159,7 @@ def _hand_boltzmann(values, key, kappa, floor):
     return np.stack([np.asarray(r) for r in rows])
 
 
+@pytest.mark.slow
 def test_a3_make_acting_decides_a_typed_action_per_environment(small):
     """The acting pipeline returns ``Decision(action=Action(choice, scale), selectivity,
     q_mean)``; A3 sizing scales by the taken direction's Var[Q], off gives scale 1."""
@@ -191,6 +192,7 @@ def test_a3_make_acting_decides_a_typed_action_per_environment(small):
     np.testing.assert_allclose(scale, one.action.scale[0], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tau_floor", "unit"), [(0.01, 1.0), (0.01, 1e-3), (0.05, 0.1)])
 def test_a1_training_decide_samples_at_kappa_with_the_floor_in_reward_units(small, tau_floor, unit):
     """decide = network → A2 blend → M8–M11 → A1 at κ with floor ``tau_floor · unit`` → A3 with
@@ -217,6 +219,7 @@ def test_a1_training_decide_samples_at_kappa_with_the_floor_in_reward_units(smal
         assert not np.array_equal(np.asarray(d.action.choice), wrong)
 
 
+@pytest.mark.slow
 def test_eval_greedy_is_argmax_of_coordinated_expected_q(small):
     """The default evaluation policy: argmax of E[Q] after M8–M11 (no A2 blend, no sampling)
     in every branch, A3 sizing kept — against model.apply + model.coordinate by hand."""
@@ -241,6 +244,7 @@ def test_eval_greedy_is_argmax_of_coordinated_expected_q(small):
     np.testing.assert_array_equal(d.action.choice, expect)
 
 
+@pytest.mark.slow
 def test_eval_greedy_ignores_the_key_and_kappa(small):
     model, params, obs = small
     v_min, dz, r = jnp.float32(-1.0), jnp.float32(0.2), jnp.float32(0.5)
@@ -262,6 +266,7 @@ def test_eval_greedy_ignores_the_key_and_kappa(small):
     assert not all(np.array_equal(s, sampled[0]) for s in sampled[1:])
 
 
+@pytest.mark.slow
 def test_eval_boltzmann_reproduces_the_seed_sampling_with_a_fixed_key(small):
     """``eval.policy=boltzmann``: the seed system's evaluation — A2 blend, M8–M11, A1 at κ = 1
     with the absolute floor 0.01 (reward unit 1), sampled with the walk's fixed key."""

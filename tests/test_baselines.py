@@ -234,6 +234,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_e3_cli_prints_every_baseline_for_val_and_test():
     proc = _run_cli(*SYNTHETIC)
     assert proc.returncode == 0, proc.stderr
@@ -247,6 +248,7 @@ def test_e3_cli_prints_every_baseline_for_val_and_test():
         assert metric in out
 
 
+@pytest.mark.slow
 def test_e3_cli_bad_key_exits_2_with_one_line():
     proc = _run_cli("env.no_such_key=1")
     assert proc.returncode == 2

@@ -269,6 +269,7 @@ def test_o6_checkpoint_ignores_interrupted_save(tmp_path):
     assert_bit_exact(ckpt.restore("latest", make_state(0))[0], make_state(1))
 
 
+@pytest.mark.slow
 def test_o6_checkpoint_complete_when_killed_right_after_save(tmp_path):
     child = textwrap.dedent(
         f"""

@@ -23,6 +23,7 @@ from pallas_kernels import c51_project, c51_project_dense, c51_project_reference
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
 
 
+@pytest.mark.slow
 def test_p1_dense_projection_equals_the_scatter_reference():
     k = jax.random.split(jax.random.PRNGKey(0), 4)
     rows, n = 256, 51
@@ -44,6 +45,7 @@ def test_p1_dense_projection_equals_the_scatter_reference():
     np.testing.assert_allclose(dense_grad(p), ref_grad(p), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_l1_pick_equals_take_along_axis_bit_for_bit_with_its_gradient():
     x = jax.random.normal(jax.random.PRNGKey(1), (16, 4, 3, 51))
     a = jax.random.randint(jax.random.PRNGKey(2), (16, 4), 0, 3)
@@ -89,6 +91,7 @@ def _scatter_combiners(hlo: str) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("projection", ["dense", "reference"])
 def test_l8_deterministic_iteration_holds_no_scatter_add(projection):
     """The whole jitted iteration (acting, replay, learner) on the smoke config, every

@@ -636,6 +636,7 @@ def test_e1_no_look_ahead(order, urgency):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_e1_vmap_over_4096_envs_under_jit():
     n = 4096
     params = PARAMS.__class__(**{**PARAMS.__dict__, "episode_length": 8})
@@ -694,6 +695,7 @@ def test_e1_autoreset_after_h_steps_and_at_split_end():
     assert int(s3.step) == 0 and 3 <= int(s3.t) < 40
 
 
+@pytest.mark.slow
 def test_e1_starts_stay_inside_the_split_and_depend_on_the_key():
     params = PARAMS.__class__(**{**PARAMS.__dict__, "episode_length": 16})
     market = random_market(300, seed=7)

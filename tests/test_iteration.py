@@ -43,6 +43,7 @@ def smoke():
     }
 
 
+@pytest.mark.slow
 def test_l8_smoke_iteration_runs_and_every_metric_is_finite(smoke):
     last = smoke["history"][-1]
     assert last["learning"] == 1.0
@@ -91,6 +92,7 @@ def _agent_with(smoke, *overrides):
     return cfg, build_agent(cfg, market_setup.prepare(cfg))
 
 
+@pytest.mark.slow
 def test_l2_polyak_target_moves_by_tau_each_update(smoke):
     _, agent = _agent_with(smoke, "loss.target_update=polyak", "loss.polyak_tau=0.25")
     state = smoke["state"]
@@ -104,6 +106,7 @@ def test_l2_polyak_target_moves_by_tau_each_update(smoke):
         np.testing.assert_allclose(t, 0.75 * t0 + 0.25 * o, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
     """kernels.fused=fused runs the target network once over [s'; s] (and the branches
     fused); the reference (what ``auto`` picks on the CPU) runs it on s' and on s. One update from
@@ -124,6 +127,7 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_l2_hard_target_copies_every_c_updates(smoke):
     cfg, agent = _agent_with(smoke, "loss.target_update=hard")
     state = smoke["state"]
@@ -146,6 +150,7 @@ def test_l2_hard_target_copies_every_c_updates(smoke):
     assert same(state.params, state.target_params)
 
 
+@pytest.mark.slow
 def test_l8_states_vmap_over_seeds():
     cfg = config.load(CONFIGS / "smoke.yaml", ["acting.num_envs=4", "replay.learning_starts=1024"])
     p = market_setup.prepare(cfg)
@@ -160,6 +165,7 @@ def test_l8_states_vmap_over_seeds():
         np.testing.assert_array_equal(a[1], b)
 
 
+@pytest.mark.slow
 def test_l8_seed_population_member_equals_single_seed_run():
     """Issue 7: seeds are independent agents whose keys come from the run seed; seed s of a
     vmapped population follows exactly the single-seed run started from the same derived key."""
@@ -187,6 +193,7 @@ def test_l8_seed_population_member_equals_single_seed_run():
         np.testing.assert_allclose(a[1], b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_l1_reward_scale_multiplies_the_learning_rewards():
     def stored(scale):
         cfg = config.load(

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jaxdqn.agent import losses as L
 from jaxdqn.agent.targets import Target
@@ -11,6 +12,7 @@ from jaxdqn.config import LossConfig, ModelConfig
 from jaxdqn.model.network import make_model
 
 
+@pytest.mark.slow
 def test_l1_cross_entropy_matches_hand_computation():
     logits = jax.random.normal(jax.random.PRNGKey(0), (4, 3, 5))
     actions = jnp.array([0, 2, 1, 1])
@@ -21,6 +23,7 @@ def test_l1_cross_entropy_matches_hand_computation():
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_l1_loss_decreases_when_overfitting_a_fixed_batch():
     key = jax.random.PRNGKey(2)
     logits = jax.random.normal(key, (8, 4, 3, 11)) * 0.1
@@ -47,6 +50,7 @@ def test_l3_challenger_is_the_better_adjacent_action():
     np.testing.assert_allclose(c, [[1, 0.5, -1], [-1, 1, 0.5], [0.5, 1, -1], [-1, 0.5, 1]])
 
 
+@pytest.mark.slow
 def test_l3_surrogate_gradient_equals_hand_formula():
     """∂S/∂logit_{b,a,i} = −s_b · g_b · c_{b,a} · p_{b,a,i} · (ẑ_i − E_p[ẑ]) on the standardised
     atoms ẑ = linspace(−1, 1, N), with the gate g_b (one branch gated off, one at half)."""
@@ -69,6 +73,7 @@ def test_l3_surrogate_gradient_equals_hand_formula():
     np.testing.assert_allclose(value, -(coef * q).sum(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_l3_descent_raises_taken_and_lowers_others():
     logits = jnp.zeros((4, 3, 9))
     z = jnp.linspace(-1.0, 1.0, 9)
@@ -98,6 +103,7 @@ def _seed_surrogate(logits, actions, z, branch_scale):
     return -jnp.sum(coef * q)
 
 
+@pytest.mark.slow
 def test_l3_bound_gradient_does_not_grow_with_the_support():
     """Δz-invariance: the bounded surrogate works on ẑ, so its gradient is the same whatever
     the support (it takes no z at all); the seed's form, with its Δz scale on z, grows as Δz²
@@ -192,6 +198,7 @@ def _direction_gap_with_biased_behaviour(spread_on, frequent=2, steps=300, lr=1e
     return float(q[0, 2] - q[0, 0])
 
 
+@pytest.mark.slow
 def test_l3_amplifies_the_behaviour_bias_so_it_ships_off():
     """Why ``loss.spread`` is off by default: L3 pushes the *taken* action up, so wherever the
     behaviour prefers an action in every state (a drift learned first), L3 builds a
@@ -262,6 +269,7 @@ def _loss_inputs(model):
             liquid_mod, xlstm_state, last_stats)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
     loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, reward_unit=_UNIT)
@@ -311,6 +319,7 @@ def test_l1_make_loss_with_every_extra_off_is_the_c51_loss():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale():
     """Through make_loss: scaling the (zero-centred) support and the reward unit by c leaves the
     logits (M5 conditions on Q/Δz), the gate (gap / max_gap) and so the spread gradient

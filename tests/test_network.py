@@ -179,6 +179,7 @@ def model_params():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 class ShapesTest(chex.TestCase, parameterized.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     @parameterized.parameters(1, 5)
@@ -204,6 +205,7 @@ class ShapesTest(chex.TestCase, parameterized.TestCase):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_m1_trunk_matches_numpy_and_bottleneck_only_when_wider(model_params):
     model, params = model_params
     params = _perturb(params, jax.random.PRNGKey(3))
@@ -333,6 +335,7 @@ def test_m4_kan_gate_flat_half_at_init_and_param_count():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_m5_magnitude_sees_direction_q_with_exactly_zero_gradient(model_params):
     model, params = model_params
     params = _perturb(params, jax.random.PRNGKey(8))
@@ -376,6 +379,7 @@ def test_m5_magnitude_sees_direction_q_with_exactly_zero_gradient(model_params):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 class StatisticsTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_m7_statistics_hand_computed(self):
@@ -498,6 +502,7 @@ def test_all_off_is_plain_branching_dueling_c51():
     np.testing.assert_array_equal(coord.q, out.q_mean)
 
 
+@pytest.mark.slow
 def test_model_vmaps_over_a_seed_axis():
     model = _build()[1]
     keys = jax.random.split(jax.random.PRNGKey(21), 3)
@@ -514,6 +519,7 @@ def test_model_vmaps_over_a_seed_axis():
     assert not np.allclose(outs.logits[0], outs.logits[1])
 
 
+@pytest.mark.slow
 def test_network_jit_grad_of_whole_model_is_finite():
     params, model = N.init(jax.random.PRNGKey(0), ModelConfig(), 8 * 12 + 3)  # CPU default
     obs = jax.random.normal(jax.random.PRNGKey(1), (16, model.obs_dim)) * 3.0
@@ -545,6 +551,7 @@ def test_network_jit_grad_of_whole_model_is_finite():
     [{}, {"dir_conditioning": False}, {"kan": False}, {"vsn": False, "selectivity": False}],
     ids=["all_on", "no_m5", "no_m4", "no_m2_m12"],
 )
+@pytest.mark.slow
 def test_m3_m6_fused_branches_equal_the_per_branch_modules(switches):
     """The fused computation (one value/gate product, one gate call, one batched head product)
     has the per-branch modules' parameter tree and initial values exactly, and their outputs
@@ -576,6 +583,7 @@ def test_m3_m6_fused_branches_equal_the_per_branch_modules(switches):
         assert float(jnp.abs(leaf).max()) > 0, name
 
 
+@pytest.mark.slow
 def test_dense_is_flax_dense_on_the_cpu_and_its_gemm_bias_gradient_is_the_batch_sum():
     """jaxdqn.model.dense.Dense: nn.Dense's parameters and, on the CPU, its numbers bit for
     bit; the accelerator formulation (bias gradient 1ᵀ dy as a GEMM) gives the same gradients
@@ -611,6 +619,7 @@ def test_dense_is_flax_dense_on_the_cpu_and_its_gemm_bias_gradient_is_the_batch_
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_kernels_matmul_bf16_rounds_the_operands_of_every_model_product(

@@ -52,6 +52,7 @@ def _main(tree) -> dict:
     return {k: v for k, v in tree["main"].items()}
 
 
+@pytest.mark.slow
 def test_o1_labels_route_each_partition_to_its_transformation():
     params = _params()
     labels = LABELS(params)

@@ -170,6 +170,7 @@ def test_p1_output_fully_written():
     assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
 
 
+@pytest.mark.slow
 def test_p1_gradient_wrt_probs_is_exact_and_zero_elsewhere():
     rng = _rng()
     probs, atoms, v_min, delta_z = learner_batch(rng, BLOCK + 3)

@@ -57,6 +57,7 @@ def test_m4_cox_de_boor_partition_of_unity():
     np.testing.assert_allclose(cox_de_boor(x, *GRID).sum(-1), 1.0, atol=1e-14)
 
 
+@pytest.mark.slow
 def test_m4_reference_matches_cox_de_boor_float64():
     key = _fresh_key()
     kx, kp = jax.random.split(key)
@@ -104,6 +105,7 @@ def _central_difference(f, args, direction, eps=1e-6):
     return (f(*plus) - f(*minus)) / (2 * eps)
 
 
+@pytest.mark.slow
 def test_m4_reference_gradient_matches_finite_differences_float64():
     key = _fresh_key()
     kx, kp, kd, kg = jax.random.split(key, 4)
@@ -126,6 +128,7 @@ def test_m4_reference_gradient_matches_finite_differences_float64():
             np.testing.assert_allclose(float(got), float(want), rtol=1e-7, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_m4_reference_closed_form_vjp_equals_autodiff_float64():
     """The reference's hand-written backward against autodiff through its own select chains,
     at random points, on the grid ends, on interior knots and outside the grid, with a
@@ -197,6 +200,7 @@ def _reference64(fn, *args):
         return jax.tree.map(np.asarray, out)
 
 
+@pytest.mark.slow
 def test_p2_forward_matches_float64_reference():
     x, coeffs, w_res, _ = _inputs(_fresh_key())
     got = kernel_gate(x, coeffs, w_res)
@@ -205,6 +209,7 @@ def test_p2_forward_matches_float64_reference():
     assert rel_err(got, want) <= 1e-5
 
 
+@pytest.mark.slow
 def test_p2_gradients_match_float64_reference_autodiff():
     """The reference's closed-form VJP is itself checked against finite differences and against
     autodiff in the test_m4_... tests."""
@@ -221,6 +226,7 @@ def test_p2_gradients_match_float64_reference_autodiff():
         assert rel_err(g, w) <= 1e-5, name
 
 
+@pytest.mark.slow
 def test_p2_backward_is_deterministic_and_fully_written():
     x, coeffs, w_res, cot = _inputs(_fresh_key())
     interpret = BACKEND != "pallas"
@@ -235,6 +241,7 @@ def test_p2_backward_is_deterministic_and_fully_written():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bit for bit
 
 
+@pytest.mark.slow
 def test_p2_init_flat_half_and_other_grid_with_leading_shape():
     coeffs, w_res = kan_gate_init(SHAPE[1])
     x = jnp.linspace(-6.0, 6.0, SHAPE[0] * SHAPE[1]).reshape(SHAPE)

@@ -55,6 +55,7 @@ def test_l8_sampling_frequencies_follow_priorities_to_the_alpha(fanout):
     np.testing.assert_array_equal(np.asarray(batch.items["a"]), np.asarray(batch.indices))
 
 
+@pytest.mark.slow
 def test_l8_empty_and_invalid_slots_are_never_sampled():
     replay = make_prioritised_replay(100, ITEM, alpha=0.6)  # padded to 128 leaves
     state = replay.add(replay.init(), _items([0, 1, 2, 3, 4]), jnp.ones(5))
@@ -78,6 +79,7 @@ def test_l8_empty_and_invalid_slots_are_never_sampled():
     np.testing.assert_array_equal(found[3], 0)
 
 
+@pytest.mark.slow
 def test_l8_importance_weights_against_hand_computation():
     # q = (1, 4), α = 1: P = (0.2, 0.8), N = 2. With β = 0.5 a batch holding both slots has
     # w_0 = (2·0.2)^-0.5 / (2·0.2)^-0.5 = 1 and w_1 = (2·0.8)^-0.5 / (2·0.2)^-0.5 = 0.5.
@@ -156,6 +158,7 @@ def test_l8_ring_wraps_around():
         replay.add(state, _items(np.arange(6)), jnp.ones(6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fanout", [2, 8])
 def test_l8_sum_tree_root_equals_sum_of_leaves_after_many_updates(fanout):
     capacity, num_add, batch = 1000, 37, 64
@@ -187,6 +190,7 @@ def _items_jnp(num: int) -> dict:
     return {"x": jnp.ones((num, 2)), "a": jnp.arange(num, dtype=jnp.int32)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fanout", [2, 4, 8])
 def test_l8_tree_sampler_equals_cumsum_searchsorted_reference(fanout):
     rng = np.random.default_rng(0)
@@ -219,6 +223,7 @@ def test_l8_tree_sampler_equals_cumsum_searchsorted_reference(fanout):
     assert (leaves[found] > 0).all()
 
 
+@pytest.mark.slow
 def test_l8_replay_vmaps_over_a_leading_seed_axis():
     replay = make_prioritised_replay(64, ITEM, alpha=0.6)
     seeds = 3

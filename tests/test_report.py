@@ -375,6 +375,7 @@ def _stress_walks(seeds: int) -> list[list[EvalResult]]:
     ]
 
 
+@pytest.mark.slow
 def test_e3_report_statistics_and_cost_stress_sections(tmp_path):
     run = tmp_path / "run"
     _make_run(run, seeds=3)

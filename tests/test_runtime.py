@@ -5,6 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from jaxdqn.config import ALL_OFF
 from jaxdqn.program import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +22,7 @@ def _env(**extra):
     return env
 
 
+@pytest.mark.slow
 def test_xla_flags_are_accepted_by_the_installed_jaxlib():
     """XLA aborts the process on an unknown flag and every backend parses every flag, so this
     checks the GPU and CPU flags' names against the jaxlib that is installed (a renamed flag
@@ -38,6 +42,7 @@ def test_xla_flags_are_accepted_by_the_installed_jaxlib():
     assert bogus.returncode != 0 and "Unknown flag" in bogus.stderr  # the check can fail
 
 
+@pytest.mark.slow
 def test_cpu_xla_flags_replace_the_ynnpack_fusions_with_xlas_own_kernels():
     """A branch-head-sized product with its elementwise tail compiles to a YNNPACK fusion by
     default and to none under CPU_XLA_FLAGS, with the same value to float rounding."""
@@ -88,11 +93,14 @@ def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path
 
 
 def _smoke_train(tmp_path, *args):
+    """One short smoke training with every component off: these tests are about the cache
+    folder, and the small program compiles in a fraction of the full one's time."""
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", "--config", str(SMOKE)]
-    cmd += ["train.epochs=1", "train.iterations_per_epoch=2", *args]
+    cmd += [*ALL_OFF, "train.epochs=1", "train.iterations_per_epoch=2", *args]
     return subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_training_fills_the_compile_cache_and_no_compile_cache_leaves_none(tmp_path):
     cache = tmp_path / "cache"
     res = _smoke_train(tmp_path, "--run-dir", "a", "--compile-cache", str(cache))
@@ -107,6 +115,7 @@ def test_training_fills_the_compile_cache_and_no_compile_cache_leaves_none(tmp_p
     assert not off.exists()
 
 
+@pytest.mark.slow
 def test_an_uncreatable_cache_folder_is_one_line_and_exit_code_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -27,19 +27,47 @@ def _env(devices_flag: str = FOUR) -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def worker():
+def _run_worker(*checks: str) -> dict:
     res = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "scale_worker.py")],
+        [sys.executable, str(ROOT / "tests" / "scale_worker.py"), *checks],
         env=_env(),
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+# One worker process per group of checks (each compiles its own sharded and one-device
+# programs), so that each test that starts one stays within a minute on a 2-core machine.
+GROUPS = (
+    ("population",),
+    ("data_parallel_step", "per_shard_sampling"),
+    ("data_parallel_iteration",),
+)
+
+
+class _Worker:
+    """``worker[check]``: that check's result, from its group's worker process, started the
+    first time one of the group's checks is asked for (``"devices"``: any group's count)."""
+
+    def __init__(self):
+        self.results: dict = {}
+
+    def __getitem__(self, name: str):
+        if name not in self.results:
+            group = next((g for g in GROUPS if name in g), GROUPS[0])
+            self.results.update(_run_worker(*group))
+        return self.results[name]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return _Worker()
+
+
+@pytest.mark.slow
 def test_scale_worker_sees_four_devices(worker):
     assert worker["devices"] == 4
 

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sigkill import kill_when_exists
+
+from jaxdqn.config import ALL_OFF
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -41,16 +44,17 @@ def _records(run_dir):
 SHARDED = [
     "--config",
     str(SMOKE),
-    "train.epochs=3",
+    "train.epochs=2",
     "train.iterations_per_epoch=3",
     "train.num_seeds=2",
     "train.mesh=2x2",
 ]
 
 
+@pytest.mark.slow
 def test_scale_sharded_run_resumes_after_sigkill_exactly(tmp_path):
-    """2 seeds × 2 data devices: kill −9 after epoch 1's checkpoint, --resume, and the run
-    ends with the uninterrupted run's log and summary."""
+    """2 seeds × 2 data devices, every component on: kill −9 after epoch 1's checkpoint,
+    --resume for epoch 2, and the run ends with the uninterrupted run's log and summary."""
     full = _train([*SHARDED, "--run-dir", "full"], tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
     events = (tmp_path / "full" / "events.log").read_text()
@@ -75,9 +79,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Every component off: this test is about the multi-process runtime (start-up, collectives
+# across processes, who writes); the sharded statistics of every component are checked
+# against one device in tests/scale_worker.py, and a small program compiles several times
+# faster in each of the three processes.
 ONE_AGENT_TWO_DEVICES = [
     "--config",
     str(SMOKE),
+    *ALL_OFF,
     "train.epochs=2",
     "train.iterations_per_epoch=3",
     "train.num_seeds=2",
@@ -85,6 +94,7 @@ ONE_AGENT_TWO_DEVICES = [
 ]
 
 
+@pytest.mark.slow
 def test_scale_two_processes_with_jax_distributed_equal_one_process_with_two_devices(tmp_path):
     """jax.distributed on localhost (gloo CPU collectives): two processes of one device each
     write the summary and log of one process with two local devices; only process 0 writes."""

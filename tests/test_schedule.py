@@ -125,6 +125,7 @@ def _main_adam(opt_state):
     return found
 
 
+@pytest.mark.slow
 def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     agent, _, state = smoke
     bumped = state.replace(
@@ -155,6 +156,7 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     np.testing.assert_array_equal(calm.dynamics.kappa, np.ones(2, np.float32))
 
 
+@pytest.mark.slow
 def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke):
     """The iteration's acting samples at the κ the host wrote: same κ, same actions (same
     keys); a near-zero κ (almost greedy) changes them."""
@@ -176,6 +178,7 @@ def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke)
     assert not np.array_equal(acted(1e-3), one)
 
 
+@pytest.mark.slow
 def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
     agent, p, state = smoke
     traces = []

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import scipy.stats
 
 from jaxdqn.agent import targets as T
@@ -17,6 +18,7 @@ def test_l2_tau_floor():
     )
 
 
+@pytest.mark.slow
 def test_l2_target_samples_next_actions_at_the_given_floor():
     # gaps 1e-4: the floor decides how sharp the next-action distribution is
     q = jnp.broadcast_to(jnp.array([0.0, 5e-5, 1e-4]), (64, 4, 3))
@@ -50,6 +52,7 @@ def test_l2_samples_follow_softmax_and_change_between_updates():
     assert counts[0] / counts.sum() > 0.15
 
 
+@pytest.mark.slow
 def test_l2_target_projects_reward_plus_discounted_atoms():
     n = 5
     v_min, dz = jnp.float32(-2.0), jnp.float32(1.0)  # support -2..2
@@ -67,6 +70,7 @@ def test_l2_target_projects_reward_plus_discounted_atoms():
     assert float(tgt.end_mass) == 0.0  # nothing reached the end atoms
 
 
+@pytest.mark.slow
 def test_l7_end_mass_is_the_mean_projected_mass_on_the_two_end_atoms():
     """Targets beyond the support are clipped onto its end atoms: their mass is what L7's
     coverage metric (``end_atom_mass``) counts. Support −2..2 (5 atoms), by hand:
@@ -115,6 +119,7 @@ def test_l5_std_guard_passes_raw_rewards():
     np.testing.assert_allclose(T.rank_normalise(r, jnp.float32(0.0)), r)
 
 
+@pytest.mark.slow
 def test_l2_switched_off_takes_the_argmax_next_action():
     """``loss.sampled_target=false``: a′ = argmax E[Q′] (the plain DQN target), whatever the
     key."""

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pandas as pd
 import pytest
+import shared_runs
 from sigkill import kill_when_exists
 
 from jaxdqn import config
@@ -52,6 +53,7 @@ def full_run(tmp_path_factory):
     return cwd / "run", res
 
 
+@pytest.mark.slow
 def test_e3_training_writes_every_output(full_run):
     run, res = full_run
     for name in (
@@ -98,6 +100,7 @@ def test_e3_training_writes_every_output(full_run):
     assert "report.md" in res.stdout
 
 
+@pytest.mark.slow
 def test_o6_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     ref, _ = full_run
     args = ["--config", str(SMOKE), "--run-dir", "run", *FAST]
@@ -113,6 +116,7 @@ def test_o6_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     assert a["val"] == b["val"] and a["test"] == b["test"] and a["best_epoch"] == b["best_epoch"]
 
 
+@pytest.mark.slow
 def test_o6_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
     args = [
         "--config",
@@ -140,6 +144,7 @@ def test_o6_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
     ckpt.close()
 
 
+@pytest.mark.slow
 def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path):
     res = _train(["nope.key=1"], tmp_path, timeout=300)
     assert res.returncode == 2
@@ -154,6 +159,7 @@ def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_e3_existing_run_dir_is_never_overwritten(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "mine.txt").write_text("keep")
@@ -167,6 +173,7 @@ def _trainer(tmp_path, extra=()):
     return loop.Trainer(cfg, tmp_path / "run", progress=False)
 
 
+@pytest.mark.slow
 def test_o5_o4_o6_plateau_actions_and_single_compilation(tmp_path, monkeypatch):
     traces = []
     real = iteration.iteration
@@ -231,6 +238,7 @@ def _partition(opt_state, name):
     return found[0]
 
 
+@pytest.mark.slow
 def test_o4_branch_reset_zeroes_branch_moments_only(tmp_path):
     state = _trainer(tmp_path).init_state()  # leading seed axis, as the loop holds it
     bumped = jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
@@ -252,6 +260,7 @@ def test_o4_branch_reset_zeroes_branch_moments_only(tmp_path):
             np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
     trainer = _trainer(tmp_path, ["train.epochs=3"])
     real = trainer.iterate
@@ -275,6 +284,7 @@ def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
     assert "non-finite" in (tmp_path / "run" / "events.log").read_text()
 
 
+@pytest.mark.slow
 def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
     trainer = _trainer(tmp_path, ["train.max_faults=2"])
     real = trainer.iterate
@@ -288,6 +298,7 @@ def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
         trainer.run()
 
 
+@pytest.mark.slow
 def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, tmp_path):
     run, _ = full_run
     cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test",
@@ -309,22 +320,26 @@ def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, 
     assert res.returncode == 2 and "model.sh1" in res.stderr
 
 
-def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed(tmp_path):
-    trainer = _trainer(tmp_path, ["train.num_seeds=2", "train.epochs=2"])
-    summary = trainer.run()
+@pytest.mark.slow
+def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
+    """The session's shared 2-seed run (``shared_runs.ablation_all_on``: every component on,
+    one epoch), read only."""
+    run = shared_runs.ablation_all_on() / "all_on"
+    summary = json.loads((run / "summary.json").read_text())
     assert [s["seed"] for s in summary["seeds"]] == [0, 1]
     sharpes = [s["test"]["sharpe"] for s in summary["seeds"]]
     assert summary["test"]["sharpe"] == pytest.approx(np.mean(sharpes))
-    frame = pd.read_csv(tmp_path / "run" / "eval_test.csv")
+    frame = pd.read_csv(run / "eval_test.csv")
     assert set(frame["seed"]) == {0, 1}
-    records = _records(tmp_path / "run")
+    records = _records(run)
     assert len(records[-1]["val_sharpe_seeds"]) == 2
     assert np.asarray(records[-1]["q_gap"]).shape == (2, 4)
-    ckpt = checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", keep_latest=2, keep_best=3)
-    state, _, _ = ckpt.restore("latest", trainer.init_state())
+    template = loop.Trainer(config.load(run / "config.yaml"), run, progress=False).init_state()
+    ckpt = checkpoint.Checkpointer(run / "checkpoints", keep_latest=2, keep_best=3)
+    state, _, _ = ckpt.restore("latest", template)
     ckpt.close()
     assert all(x.shape[0] == 2 for x in jax.tree.leaves(state.params))
-    assert "2 seeds" in (tmp_path / "run" / "report.md").read_text()
+    assert "2 seeds" in (run / "report.md").read_text()
 
 
 def _checkpoint_crcs(run_dir):
@@ -335,6 +350,7 @@ def _checkpoint_crcs(run_dir):
     return out
 
 
+@pytest.mark.slow
 def test_o6_same_command_twice_is_bit_identical(full_run, tmp_path):
     """Issue 16 on the CPU: the smoke run's command again gives byte-identical metrics.jsonl
     (minus wall-clock fields), summary.json (minus wall time and provenance) and checkpoints."""

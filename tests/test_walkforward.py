@@ -126,6 +126,7 @@ def test_e3_walkforward_folds_never_overlap_and_respect_purge_and_embargo():
         assert plan[k].train[1] == free[k].train[1]
 
 
+@pytest.mark.slow
 def test_e3_walkforward_bad_settings_are_config_or_data_errors(tmp_path):
     bad = [
         (["walkforward.embargo=3"], "walkforward.embargo: anchored folds"),
@@ -234,6 +235,7 @@ def wf_run(tmp_path_factory):
     return run, json.loads((run / "walkforward.json").read_text()), res
 
 
+@pytest.mark.slow
 def test_e3_walkforward_writes_its_results_and_every_fold_is_a_run_dir(wf_run):
     run, result, res = wf_run
     for name in (
@@ -361,6 +363,7 @@ def _strip_wall_times(value):
     return value
 
 
+@pytest.mark.slow
 def test_e3_walkforward_resume_after_sigkill_continues_at_the_interrupted_fold(wf_run, tmp_path):
     # The killed walk-forward is the reference's up to fold 0 (config, plan and the finished
     # fold 0 copied, which saves training fold 0 again): it is started, killed −9 once fold 1

@@ -8,6 +8,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import xlstm as X
@@ -47,6 +48,7 @@ def np_mlstm(params, state, x):
     return (c, n, m), h
 
 
+@pytest.mark.slow
 class XLSTMTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_m13_step_matches_numpy_mlstm(self):
@@ -129,6 +131,7 @@ def test_m13_off_gives_zero_context_and_no_parameters():
     chex.assert_trees_all_equal(new, state)
 
 
+@pytest.mark.slow
 def test_m13_vmaps_over_a_seed_axis():
     cell = X.make_xlstm(CFG)
     keys = jax.random.split(jax.random.PRNGKey(9), 3)
