@@ -23,8 +23,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-SESSION_ENV = "JAXDQN_TEST_SESSION"
+from shared_runs import SESSION_ENV
 
 # (the session folder, whether this process made it, the environment it replaced)
 _SESSION = pytest.StashKey[tuple[Path, bool, dict[str, str | None]]]()

@@ -9,7 +9,7 @@ It appends one JSON line per event to ``$SUITE_COSTS_DIR/<pid>.jsonl``:
 - ``trace`` / ``lower`` / ``compile`` / ``cache_load``: JAX's own duration events
   (jaxpr tracing, lowering to StableHLO, the backend compile, a persistent-cache retrieval);
 - ``orbax_save`` / ``orbax_restore``: ``Checkpointer.save`` / ``.restore``;
-- ``report``: ``write_report`` (the report and its plots); ``finish``: the whole end of a run;
+- ``report``: ``write_report`` (the report and its plots);
 - ``end``: the process exited (atexit; absent when it was killed).
 """
 
@@ -47,7 +47,6 @@ _PATCHES = {
         ("Checkpointer", "restore", "orbax_restore"),
     ],
     "jaxdqn.program.report": [(None, "write_report", "report")],
-    "jaxdqn.program.finish": [(None, "finish", "finish")],
 }
 
 
