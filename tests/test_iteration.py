@@ -11,34 +11,41 @@ from jaxdqn import config
 from jaxdqn.agent import iteration, optim
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.market import market as market_setup
+from jaxdqn.program.placement import place
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _one(tree):
+    """Seed 0 of a tree with a leading seed axis."""
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+def _training_program(cfg):
+    """The iteration and initial state of ``python -m jaxdqn.train`` for ``cfg``: its placement
+    (seed axis, state committed to the device). The programs are the training's own, so the
+    session's compilation cache holds them once for these tests and every smoke training."""
+    p = market_setup.prepare(cfg)
+    placed = place(cfg, p, build_agent(cfg, p))
+    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), cfg.train.num_seeds)
+    return p, placed, keys
 
 
 @pytest.fixture(scope="module")
 def smoke():
     cfg = config.load(CONFIGS / "smoke.yaml")
-    p = market_setup.prepare(cfg)
-    agent = build_agent(cfg, p)
-    state = make_init(agent)(p.market, jax.random.PRNGKey(0))
-    traces = []
-
-    def counted(s, m):
-        traces.append(1)
-        return iteration.iteration(agent, s, m)
-
-    it = jax.jit(counted, donate_argnums=0)
+    p, placed, keys = _training_program(cfg)
+    state = placed.put(placed.init(placed.market, keys))
     history = []
     for _ in range(4):
-        state, metrics = it(state, p.market)
-        history.append(jax.device_get(metrics))
+        state, metrics = placed.iterate(state, placed.market)
+        history.append(_one(jax.device_get(metrics)))
     return {
         "cfg": cfg,
         "p": p,
-        "agent": agent,
+        "placed": placed,
+        "agent": placed.agent,
         "state": state,
-        "it": it,
-        "traces": traces,
         "history": history,
     }
 
@@ -50,7 +57,7 @@ def test_l8_smoke_iteration_runs_and_every_metric_is_finite(smoke):
     for name, value in last.items():
         assert np.all(np.isfinite(value)), name
     cfg = smoke["cfg"]
-    state = smoke["state"]
+    state = _one(smoke["state"])
     assert int(state.iteration) == 4
     # every rollout step emits one transition per env (the first n-1 of the run carry
     # probability 0 because their n-step window starts before the first step)
@@ -66,24 +73,25 @@ def test_l8_warmup_iterations_do_not_learn(smoke):
 
 
 def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
-    it, p, agent = smoke["it"], smoke["p"], smoke["agent"]
-    state = smoke["state"]
-    before = len(smoke["traces"])
+    placed, agent = smoke["placed"], smoke["agent"]
+    it, state = placed.iterate, smoke["state"]
+    assert it._cache_size() == 1
+    set_lr = jax.vmap(optim.set_learning_rate, in_axes=(0, None))
+    scale = jax.vmap(optim.scale_adam_moments, in_axes=(0, None))
     for lr in (1e-4, 2.5e-4, 3e-5):
-        state = state.replace(opt_state=optim.set_learning_rate(state.opt_state, lr))
-        state = state.replace(opt_state=optim.scale_adam_moments(state.opt_state, 0.5))
+        opt_state = scale(set_lr(state.opt_state, np.float32(lr)), np.float32(0.5))
+        state = state.replace(opt_state=opt_state)
         dyn = agent.dynamics.set_host_inputs(
             state.dynamics, iqn_readiness=lr * 1000, eval_q_std_ema=0.01
         )
-        state = state.replace(dynamics=dyn)
-        state, metrics = it(state, p.market)
-        assert metrics["learning"] == 1.0
+        state, metrics = it(placed.put(state.replace(dynamics=dyn)), placed.market)
+        assert metrics["learning"][0] == 1.0
         # the learning rate the iteration's updates ran with is the one written by the host
-        np.testing.assert_allclose(optim.get_learning_rate(state.opt_state), lr, rtol=1e-6)
-        np.testing.assert_allclose(state.dynamics.iqn_readiness, lr * 1000, rtol=1e-6)
-    state = state.replace(opt_state=optim.reset_branch_moments(state.opt_state))
-    state, _ = it(state, p.market)
-    assert len(smoke["traces"]) == before == 1
+        np.testing.assert_allclose(optim.get_learning_rate(state.opt_state), [lr], rtol=1e-6)
+        np.testing.assert_allclose(state.dynamics.iqn_readiness, [lr * 1000], rtol=1e-6)
+    state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))
+    state, _ = it(placed.put(state), placed.market)
+    assert it._cache_size() == 1
     smoke["state"] = state
 
 
@@ -95,7 +103,7 @@ def _agent_with(smoke, *overrides):
 @pytest.mark.slow
 def test_l2_polyak_target_moves_by_tau_each_update(smoke):
     _, agent = _agent_with(smoke, "loss.target_update=polyak", "loss.polyak_tau=0.25")
-    state = smoke["state"]
+    state = _one(smoke["state"])
     new, _ = jax.jit(agent.learner.update)(state)
     for o, t, t0 in zip(
         jax.tree.leaves(new.params),
@@ -117,7 +125,7 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
     assert smoke["cfg"].kernels.fused == "auto" and not fused_kernels("auto")  # CPU tests
     assert fused_kernels("fused") and not fused_kernels("reference")
     _, fused = _agent_with(smoke, "kernels.fused=fused")
-    state = smoke["state"]
+    state = _one(smoke["state"])
     new_f, m_f = jax.jit(fused.learner.update)(state)
     new_r, m_r = jax.jit(smoke["agent"].learner.update)(state)
     for key in ("loss", "loss_c51", "loss_denoise", "loss_coord", "td_target_mean"):
@@ -130,7 +138,7 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
 @pytest.mark.slow
 def test_l2_hard_target_copies_every_c_updates(smoke):
     cfg, agent = _agent_with(smoke, "loss.target_update=hard")
-    state = smoke["state"]
+    state = _one(smoke["state"])
     period = cfg.loss.target_period
     step = jax.jit(agent.learner.update)
     # advance to just after a copy
@@ -152,7 +160,7 @@ def test_l2_hard_target_copies_every_c_updates(smoke):
 
 @pytest.mark.slow
 def test_l8_states_vmap_over_seeds():
-    cfg = config.load(CONFIGS / "smoke.yaml", ["acting.num_envs=4", "replay.learning_starts=1024"])
+    cfg = config.load(CONFIGS / "smoke.yaml")
     p = market_setup.prepare(cfg)
     agent = build_agent(cfg, p)
     keys = jax.random.split(jax.random.PRNGKey(1), 2)
@@ -160,26 +168,23 @@ def test_l8_states_vmap_over_seeds():
     leaves = jax.tree.leaves(states.params)
     assert all(w.shape[0] == 2 for w in leaves)
     assert any(not np.array_equal(w[0], w[1]) for w in leaves)  # independent initialisations
-    single = make_init(agent)(p.market, keys[1])
+    single = make_init(agent, num_seeds=1)(p.market, keys[1:])
     for a, b in zip(jax.tree.leaves(states), jax.tree.leaves(single), strict=True):
-        np.testing.assert_array_equal(a[1], b)
+        np.testing.assert_array_equal(a[1], b[0])
 
 
 @pytest.mark.slow
 def test_l8_seed_population_member_equals_single_seed_run():
     """Issue 7: seeds are independent agents whose keys come from the run seed; seed s of a
     vmapped population follows exactly the single-seed run started from the same derived key."""
-    cfg = config.load(CONFIGS / "smoke.yaml", ["replay.learning_starts=64"])
-    p = market_setup.prepare(cfg)
-    agent = build_agent(cfg, p)
-    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 2)
-    pop = make_init(agent, num_seeds=2)(p.market, keys)
-    one = make_init(agent)(p.market, keys[1])
-    pop_it = iteration.make_iteration(agent, num_seeds=2)
-    one_it = iteration.make_iteration(agent)
+    cfg = config.load(CONFIGS / "smoke.yaml", ["train.num_seeds=2"])
+    _, pop_placed, keys = _training_program(cfg)
+    _, one_placed, _ = _training_program(config.load(CONFIGS / "smoke.yaml"))
+    pop = pop_placed.put(pop_placed.init(pop_placed.market, keys))
+    one = one_placed.put(one_placed.init(one_placed.market, keys[1:]))
     for _ in range(3):
-        pop, pm = pop_it(pop, p.market)
-        one, om = one_it(one, p.market)
+        pop, pm = pop_placed.iterate(pop, pop_placed.market)
+        one, om = one_placed.iterate(one, one_placed.market)
     assert pm["learning"][1] == 1.0
     # the two seeds act and learn differently
     assert pm["loss"][0] != pm["loss"][1]
@@ -187,10 +192,10 @@ def test_l8_seed_population_member_equals_single_seed_run():
     assert not np.array_equal(pop.replay.storage.action[0], pop.replay.storage.action[1])
     # seed 1 of the population is the single run with key 1 (vmapped matmuls may round
     # differently in the last bit, so compare to float32 precision)
-    np.testing.assert_allclose(pm["loss"][1], om["loss"], rtol=1e-5)
-    np.testing.assert_array_equal(pop.replay.storage.action[1], one.replay.storage.action)
+    np.testing.assert_allclose(pm["loss"][1], om["loss"][0], rtol=1e-5)
+    np.testing.assert_array_equal(pop.replay.storage.action[1], one.replay.storage.action[0])
     for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
-        np.testing.assert_allclose(a[1], b, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(a[1], b[0], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.slow

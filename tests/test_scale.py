@@ -1,7 +1,8 @@
 """Scale (issue 13, SPEC "Scale"): the ``("seed", "data")`` mesh, populations over devices and
-one agent data-parallel (training runs: ``tests/test_scale_runs.py``). The multi-device checks
-run in a subprocess with ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (the flag must
-precede JAX's start; ``tests/scale_worker.py``)."""
+one agent data-parallel, and a sharded training run killed and resumed (two processes under
+``jax.distributed``: ``tests/test_scale_runs.py``). The multi-device checks run in a subprocess
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (the flag must precede JAX's start;
+``tests/scale_worker.py``)."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sigkill import kill_when_exists
 
 from jaxdqn.agent import mesh
 from jaxdqn.config import ConfigError
@@ -17,6 +19,7 @@ from jaxdqn.config import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
 FOUR = "--xla_force_host_platform_device_count=4"
+VOLATILE = ("wall_time", "env_steps_per_s", "updates_per_s")
 
 
 def _env(devices_flag: str = FOUR) -> dict:
@@ -41,7 +44,8 @@ def _run_worker(*checks: str) -> dict:
 
 # One worker process per group of checks (each compiles its own sharded and one-device
 # programs), so that no single test pays for all of them (2-core EPYC, in the full suite:
-# 111, 44 and 53 s, against 265 s for one process with every check).
+# 66 s (population, every component off), 59 and 56 s, against 265 s for one process with
+# every check and every component on).
 GROUPS = (
     ("population",),
     ("data_parallel_step", "per_shard_sampling"),
@@ -107,6 +111,49 @@ def test_scale_data_parallel_iteration_keeps_every_replica_identical(worker):
     assert it["env_shape"][:2] == [2, 2]  # [seed, data, E/D, obs]
     # every device's shard holds its E/D·K transitions per iteration; the metric sums them
     assert it["replay_size_metric"] == [2.0 * x[0] for x in it["replay_size"]]
+
+
+def _train(args, cwd, timeout=900):
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def _records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
+
+
+# The scale worker's data-parallel iteration check (above, same module: same xdist worker,
+# run before) compiles this run's iteration — the same program, 2 seeds × 2 data devices — so
+# the three training processes below load it from the session's compilation cache.
+SHARDED = [
+    "--config",
+    str(SMOKE),
+    "train.epochs=2",
+    "train.iterations_per_epoch=3",
+    "train.num_seeds=2",
+    "train.mesh=2x2",
+]
+
+
+@pytest.mark.slow
+def test_scale_sharded_run_resumes_after_sigkill_exactly(tmp_path):
+    """2 seeds × 2 data devices, every component on: kill −9 after epoch 1's checkpoint,
+    --resume for epoch 2, and the run ends with the uninterrupted run's log and summary."""
+    full = _train([*SHARDED, "--run-dir", "full"], tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    events = (tmp_path / "full" / "events.log").read_text()
+    assert "4 cpu devices: seed 2 × data 2" in events
+    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *SHARDED, "--run-dir", "run"]
+    after_epoch_1 = tmp_path / "run" / "checkpoints" / "3"
+    kill_when_exists(cmd, tmp_path, _env(), after_epoch_1)
+    assert after_epoch_1.exists()
+    res = _train(["--resume", "run"], tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _records(tmp_path / "run") == _records(tmp_path / "full")
+    a = json.loads((tmp_path / "full" / "summary.json").read_text())
+    b = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert a["val"] == b["val"] and a["test"] == b["test"] and a["seeds"] == b["seeds"]
 
 
 @pytest.mark.parametrize(

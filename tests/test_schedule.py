@@ -13,9 +13,10 @@ import pytest
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
-from jaxdqn.agent.build import build_agent, make_init
+from jaxdqn.agent.build import build_agent
 from jaxdqn.config import ActingConfig, OptimConfig
 from jaxdqn.market import market as market_lib
+from jaxdqn.program.placement import place
 from jaxdqn.program.schedule import EpochSchedule, apply_schedule, schedule
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
@@ -96,12 +97,14 @@ def test_a1_kappa_moves_linearly_from_start_to_end_by_run_epoch():
 
 @pytest.fixture(scope="module")
 def smoke():
-    cfg = config.load(SMOKE)
+    """A 2-seed smoke agent and its fresh state, placed as ``python -m jaxdqn.train`` places it
+    (committed to the device), so that its iteration is the training's own program."""
+    cfg = config.load(SMOKE, ["train.num_seeds=2"])
     p = market_lib.prepare(cfg)
-    agent = build_agent(cfg, p)
+    placed = place(cfg, p, build_agent(cfg, p))
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    state = make_init(agent, num_seeds=2)(p.market, keys)
-    return agent, p, state
+    state = placed.put(placed.init(placed.market, keys))
+    return placed.agent, p, state, placed.put
 
 
 def _avals(state):
@@ -127,7 +130,7 @@ def _main_adam(opt_state):
 
 @pytest.mark.slow
 def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
-    agent, _, state = smoke
+    agent, _, state, _ = smoke
     bumped = state.replace(
         opt_state=jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
     )
@@ -160,7 +163,7 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
 def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke):
     """The iteration's acting samples at the κ the host wrote: same κ, same actions (same
     keys); a near-zero κ (almost greedy) changes them."""
-    agent, p, state = smoke
+    agent, p, state, _ = smoke
     state = jax.tree.map(lambda x: x.copy(), state)  # the fixture's state is not donated
     assert np.all(np.asarray(state.dynamics.kappa) == agent.acting.kappa_start)
     actions = jax.jit(
@@ -180,7 +183,7 @@ def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke)
 
 @pytest.mark.slow
 def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
-    agent, p, state = smoke
+    agent, p, state, put = smoke
     traces = []
     real = iteration.iteration
 
@@ -195,8 +198,8 @@ def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
     for epoch in range(6):  # restarts at 4 (period 4), lr and readiness change every epoch
         sched = schedule(epoch, 0, 0, OPT, ACT)
         state = apply_schedule(state, sched, agent.dynamics, OPT.restart_moment_scale, ema)
-        state, _ = iterate(state, p.market)
+        state, _ = iterate(put(state), p.market)
         ema = [0.1 * (epoch + 1), 0.2]
     state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))
-    iterate(state, p.market)
+    iterate(put(state), p.market)
     assert len(traces) == 1

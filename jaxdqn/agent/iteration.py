@@ -105,12 +105,22 @@ def learn(agent: Agent, state: TrainState):
     # Split over devices: the transitions stored on all of them (the same on every device).
     ready = agent.shards.sum(state.replay.size) >= agent.learning_starts
 
+    # The skipped branch's NaN metrics take their shapes from the learning branch's trace:
+    # ``lax.cond`` traces its true branch first. (``jax.eval_shape(run, state)`` would trace
+    # the U updates a second time: a third of the iteration's tracing.)
+    traced = []
+
     def run(s):
         s, metrics = jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, agent.updates)
-        return s, jax.tree.map(lambda m: m.mean(axis=0), metrics)
+        metrics = jax.tree.map(lambda m: m.mean(axis=0), metrics)
+        traced.append(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics))
+        return s, metrics
 
-    shapes = jax.eval_shape(run, state)[1]
-    skip = lambda s: (s, jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), shapes))
+    def skip(s):
+        if not traced:
+            raise RuntimeError("learn: lax.cond traced the skipped branch first")
+        return s, jax.tree.map(lambda x: jnp.full(x.shape, jnp.nan, x.dtype), traced[-1])
+
     state, metrics = jax.lax.cond(ready, run, skip, state)
     metrics["learning"] = ready.astype(jnp.float32)
     return state, metrics
