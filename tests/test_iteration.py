@@ -100,11 +100,25 @@ def _agent_with(smoke, *overrides):
     return cfg, build_agent(cfg, market_setup.prepare(cfg))
 
 
-@pytest.mark.slow
-def test_l2_polyak_target_moves_by_tau_each_update(smoke):
-    _, agent = _agent_with(smoke, "loss.target_update=polyak", "loss.polyak_tau=0.25")
+@pytest.fixture(scope="module")
+def one_update(smoke):
+    """One learner update from the smoke state (seed 0) at a Polyak rate of 0.25 (large enough
+    to see), by the reference target pass and by the fused one: ``(state, reference, fused)``,
+    each an ``(state, metrics)`` pair. Two compilations serve both tests below."""
+    polyak = ("loss.target_update=polyak", "loss.polyak_tau=0.25")
+    _, reference = _agent_with(smoke, *polyak, "kernels.fused=reference")
+    _, fused = _agent_with(smoke, *polyak, "kernels.fused=fused")
     state = _one(smoke["state"])
-    new, _ = jax.jit(agent.learner.update)(state)
+    return (
+        state,
+        jax.jit(reference.learner.update)(state),
+        jax.jit(fused.learner.update)(state),
+    )
+
+
+@pytest.mark.slow
+def test_l2_polyak_target_moves_by_tau_each_update(one_update):
+    state, (new, _), _ = one_update
     for o, t, t0 in zip(
         jax.tree.leaves(new.params),
         jax.tree.leaves(new.target_params),
@@ -115,7 +129,7 @@ def test_l2_polyak_target_moves_by_tau_each_update(smoke):
 
 
 @pytest.mark.slow
-def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
+def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke, one_update):
     """kernels.fused=fused runs the target network once over [s'; s] (and the branches
     fused); the reference (what ``auto`` picks on the CPU) runs it on s' and on s. One update from
     the same state agrees to float rounding: the target distributions (L1, L2) and M11's
@@ -124,10 +138,7 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke):
 
     assert smoke["cfg"].kernels.fused == "auto" and not fused_kernels("auto")  # CPU tests
     assert fused_kernels("fused") and not fused_kernels("reference")
-    _, fused = _agent_with(smoke, "kernels.fused=fused")
-    state = _one(smoke["state"])
-    new_f, m_f = jax.jit(fused.learner.update)(state)
-    new_r, m_r = jax.jit(smoke["agent"].learner.update)(state)
+    _, (new_r, m_r), (new_f, m_f) = one_update
     for key in ("loss", "loss_c51", "loss_denoise", "loss_coord", "td_target_mean"):
         np.testing.assert_allclose(m_f[key], m_r[key], rtol=1e-4, atol=1e-9, err_msg=key)
     assert float(m_r["loss_denoise"]) > 0  # the s-pass target is really in the loss
@@ -201,12 +212,11 @@ def test_l8_seed_population_member_equals_single_seed_run():
 @pytest.mark.slow
 def test_l1_reward_scale_multiplies_the_learning_rewards():
     def stored(scale):
-        cfg = config.load(
-            CONFIGS / "smoke.yaml", ["acting.num_envs=4", f"loss.reward_scale={scale}"]
-        )
+        cfg = config.load(CONFIGS / "smoke.yaml", [f"loss.reward_scale={scale}"])
         p = market_setup.prepare(cfg)
         agent = build_agent(cfg, p)
-        state = make_init(agent)(p.market, jax.random.PRNGKey(3))
+        # (the training's initialiser, which the reward scale does not change: one program)
+        state = _one(make_init(agent, num_seeds=1)(p.market, jax.random.PRNGKey(3)[None]))
         state = jax.jit(lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)))(
             state, p.market
         )
