@@ -22,9 +22,10 @@ def _one(tree):
 
 
 def _training_program(cfg):
-    """The iteration and initial state of ``python -m jaxdqn.train`` for ``cfg``: its placement
-    (seed axis, state committed to the device). The programs are the training's own, so the
-    session's compilation cache holds them once for these tests and every smoke training."""
+    """``(prepared, placement, keys)`` of ``python -m jaxdqn.train`` for ``cfg``: its iteration
+    and initialiser over a leading seed axis, states committed to the device by
+    ``placement.put``, and the seeds' keys from ``cfg.seed``. The programs are the training's own,
+    so the session's compilation cache holds them once for these tests and every smoke training."""
     p = market_setup.prepare(cfg)
     placed = place(cfg, p, build_agent(cfg, p))
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), cfg.train.num_seeds)
@@ -34,7 +35,7 @@ def _training_program(cfg):
 @pytest.fixture(scope="module")
 def smoke():
     cfg = config.load(CONFIGS / "smoke.yaml")
-    p, placed, keys = _training_program(cfg)
+    _, placed, keys = _training_program(cfg)
     state = placed.put(placed.init(placed.market, keys))
     history = []
     for _ in range(4):
@@ -42,7 +43,6 @@ def smoke():
         history.append(_one(jax.device_get(metrics)))
     return {
         "cfg": cfg,
-        "p": p,
         "placed": placed,
         "agent": placed.agent,
         "state": state,
@@ -79,7 +79,7 @@ def test_o2_host_scalars_and_lr_changes_do_not_recompile(smoke):
     set_lr = jax.vmap(optim.set_learning_rate, in_axes=(0, None))
     scale = jax.vmap(optim.scale_adam_moments, in_axes=(0, None))
     for lr in (1e-4, 2.5e-4, 3e-5):
-        opt_state = scale(set_lr(state.opt_state, np.float32(lr)), np.float32(0.5))
+        opt_state = scale(set_lr(state.opt_state, lr), 0.5)  # Python floats, as the host writes
         state = state.replace(opt_state=opt_state)
         dyn = agent.dynamics.set_host_inputs(
             state.dynamics, iqn_readiness=lr * 1000, eval_q_std_ema=0.01
