@@ -13,9 +13,11 @@ Runs, on the CPU (JAX_PLATFORMS=cpu):
 
 and compares ``metrics.jsonl``, ``summary.json``, ``eval_val.csv`` and ``eval_test.csv`` with
 the files recorded in ``bench/reference/`` (re-recorded with ``--record`` after a deliberate
-change of numerics; the current recording: the code of commit faeb047, issue 11's final
-defaults, 2026-12-01, jax 0.10.2 on the CPU). Every number must be identical (floats compared
-exactly, NaN equal to NaN), except wall-clock quantities (:data:`TIMING_KEYS`). Metric keys
+change of numerics; the current recording: 2026-12-03, jax 0.10.2 on the CPU, the code of
+issue 28's bar clock, whose numbers are bit-identical to commit b2d1c09's, the recording only
+adding summary.json's ``bar_clock`` and ``data`` entries). Every number must be identical
+(floats compared exactly, NaN equal to NaN), except wall-clock quantities (:data:`TIMING_KEYS`)
+and the provenance (:data:`SKIPPED_KEYS`). Metric keys
 renamed since the recording are mapped by :data:`RENAMED`; a key that exists on one side only
 is a difference. Prints one table row per file and exits 1 on any difference.
 """
@@ -41,6 +43,9 @@ RUNS = {
 }
 FILES = ("metrics.jsonl", "summary.json", "eval_val.csv", "eval_test.csv")
 TIMING_KEYS = {"wall_time", "wall_time_s", "env_steps_per_s", "updates_per_s"}
+#: Keys that describe the run rather than its numbers (the commit and config hash change with
+#: every commit and every new config key); skipped like the timing keys.
+SKIPPED_KEYS = {"provenance"}
 #: old key -> new key (None: the old key was a duplicate of another and is gone).
 RENAMED: dict[str, str | None] = {"learning_rate": None}
 
@@ -64,7 +69,7 @@ def diff_dicts(ref: dict, new: dict, where: str = "") -> list[str]:
         if k2 is not None:
             mapped[k2] = v
     for k in sorted(set(mapped) | set(new)):
-        if k in TIMING_KEYS:
+        if k in TIMING_KEYS or k in SKIPPED_KEYS:
             continue
         if k not in mapped or k not in new:
             out.append(f"{where}{k}: only in {'new' if k in new else 'reference'}")

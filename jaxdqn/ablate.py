@@ -151,7 +151,11 @@ def _main(argv: Sequence[str] | None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="variants trained at once")
     parser.add_argument("--only", default=None, help="comma-separated variant names")
     args = parser.parse_args(argv)
-    cli.load_config(args)  # a bad config is refused here, once, not in every variant
+    # Bad config or data is refused here, once, before any variant starts.
+    cfg = cli.load_config(args)
+    from jaxdqn.market import market as market_setup  # (after the config: --help stays fast)
+
+    market_setup.prepare(cfg)
     names = list(VARIANTS)
     if args.only:
         names = [n.strip() for n in args.only.split(",")]

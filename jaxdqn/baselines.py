@@ -54,6 +54,8 @@ def _main(argv: Sequence[str] | None) -> int:
         f"{cfg.env.half_spread_bps:g} bps + commission {cfg.env.commission_bps:g} bps; "
         f"max leverage {cfg.env.max_leverage:g}"
     )
+    for note in prepared.notes():  # the bar clock of the annualised columns, what was detected
+        print(note)
     if oracle_execution(table) is not None:
         print(
             "best execution of the oracle's direction on val (the oracle row): "

@@ -78,6 +78,14 @@ def _main(argv) -> int:
         run_dir / "checkpoints", keep_latest=cfg.train.keep_latest, keep_best=cfg.train.keep_best
     )
     try:
+        steps = ckpt.steps()
+        if not steps:
+            raise config_lib.ConfigError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
+        if isinstance(which, int) and which not in steps:
+            shown = ", ".join(map(str, steps))
+            raise config_lib.ConfigError(
+                f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
+            )
         state, _, step = ckpt.restore(which, template)
     except checkpoint.CheckpointError as e:
         print(f"python -m jaxdqn.evaluate: error: {e}", file=sys.stderr)
@@ -96,12 +104,14 @@ def _main(argv) -> int:
         base_logs,
         args.split,
         run_statistics.selection_trials(run_dir),
+        bars_per_year=prepared.bars_per_year,
     )
     payload = {
         "run_dir": str(run_dir),
         "checkpoint_step": step,
         "split": args.split,
         "overrides": list(args.overrides),
+        "bar_clock": prepared.bar_clock.to_json(),
         "seeds": [r.metrics for r in results],
         "statistics": stats,
     }

@@ -13,7 +13,9 @@ I``, or a cluster launcher JAX detects (SLURM ``srun``, Open MPI, Kubernetes Job
 process runs the same command and only process 0 writes (:mod:`jaxdqn.program.distributed`).
 
 ``--resume DIR`` continues a run from its latest checkpoint with the config saved in the run
-(``train.epochs=N`` may be raised to train longer; other overrides are refused). SIGINT saves a
+(``train.epochs=N`` may be raised to train longer; ``--config`` and overrides that restate the
+run's own values are accepted, so the original command with ``--resume`` added works, and any
+other change is refused). SIGINT saves a
 checkpoint and exits with code 130. Bad config or data: one line on stderr, exit code 2. A run
 that cannot go on (repeated non-finite losses, no restorable checkpoint): exit code 1.
 """
@@ -53,17 +55,36 @@ def choose_run_dir(run_dir: str | None, root: str = "runs") -> Path:
     return p
 
 
-def _resume_config(run_dir: Path, overrides: Sequence[str]) -> config_lib.Config:
-    saved = run_dir / "config.yaml"
-    if not saved.exists():
+def _resume_config(
+    run_dir: Path, overrides: Sequence[str], config_path: str | None = None
+) -> config_lib.Config:
+    """The config of ``--resume run_dir``: the run's own ``config.yaml`` with ``overrides``.
+
+    Only :data:`RESUMABLE_KEYS` may change; an override (or a ``--config`` file) that gives
+    another key the value the run already has is accepted, so the original command with
+    ``--resume`` added resumes the run."""
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.exists():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a jaxdqn run directory)")
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
+    saved = config_lib.load(saved_path)
+    wanted = config_lib.load(config_path, overrides) if config_path else None
+    if wanted is None:
+        for item in overrides:
+            key = item.split("=", 1)[0].strip()
+            if key not in RESUMABLE_KEYS and config_lib.load(saved_path, [item]) != saved:
+                raise ConfigError(
+                    f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)})"
+                )
+        return config_lib.load(saved_path, overrides)
+    for key, old, new in config_lib.differences(saved, wanted):
         if key not in RESUMABLE_KEYS:
             raise ConfigError(
-                f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)})"
+                f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)}); "
+                f"the run has {old!r}, --config and the overrides give {new!r}"
             )
-    return config_lib.load(saved, overrides)
+    return config_lib.load(
+        saved_path, [f"{k}={v}" for k, _, v in config_lib.differences(saved, wanted)]
+    )
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -93,12 +114,10 @@ def _main(argv: Sequence[str] | None) -> int:
     from jaxdqn.program import checkpoint, loop
 
     if args.resume is not None:
-        if args.config is not None or args.run_dir is not None:
-            raise ConfigError(
-                "--resume: takes the run's own config and directory; drop --config/--run-dir"
-            )
         run_dir = Path(args.resume)
-        cfg = _resume_config(run_dir, args.overrides)
+        if args.run_dir is not None and Path(args.run_dir).resolve() != run_dir.resolve():
+            raise ConfigError("--resume: continues the run in its own directory; drop --run-dir")
+        cfg = _resume_config(run_dir, args.overrides, args.config)
     else:
         cfg = cli.load_config(args)
         run_dir = choose_run_dir(args.run_dir)

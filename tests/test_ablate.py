@@ -123,3 +123,12 @@ def test_ablation_end_to_end_on_the_smoke_config_and_resumes_by_skipping(tmp_pat
     stamp = (out / "no_kan" / "summary.json").stat().st_mtime_ns
     assert ablate.main(args) == 0  # finished variants are skipped, not retrained
     assert (out / "no_kan" / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_ablation_bad_data_is_refused_once_before_any_variant(tmp_path, capsys):
+    out = tmp_path / "abl"
+    missing = tmp_path / "missing.csv"
+    code = ablate.main(["--out", str(out), "data.source=csv", f"data.path={missing}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0 and "missing.csv: no such file" in err
+    assert not out.exists()  # no variant started, no empty table written

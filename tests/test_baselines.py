@@ -39,7 +39,7 @@ def _prepared(overrides: tuple[str, ...] = ()) -> tuple[config.Config, market_se
 
 def _walk(name: str, split: str = "val", overrides: tuple[str, ...] = (), key: int | None = None):
     cfg, p = _prepared(overrides)
-    policy = baselines.policies(p.market, p.env_params, cfg)[name]
+    policy = baselines.policies(p.market, p.env_params, cfg, bars_per_year=p.bars_per_year)[name]
     lo, hi = p.eval_range(split)
     k = jax.random.PRNGKey(cfg.eval.key if key is None else key)
     return evaluate.walk(p.market, p.env_params, lo, hi, policy, k, p.dates)
@@ -119,7 +119,9 @@ def test_e3_macd_is_causal_and_follows_the_walk():
     )
     log = _walk("macd").log
     cfg, _ = _prepared()
-    sig = baselines.signals(p.market, p.env_params, cfg)["macd"].direction
+    sig = baselines.signals(p.market, p.env_params, cfg, bars_per_year=p.bars_per_year)[
+        "macd"
+    ].direction
     np.testing.assert_array_equal(log["direction"], sig[log["t"]])
     assert set(log["direction"]) == {0, 2}
 
@@ -152,7 +154,9 @@ def test_e3_random_is_reproducible_with_its_key_and_differs_with_another():
 
 def test_e3_oracle_follows_the_oracle_column_and_beats_random_on_synthetic():
     cfg, p = _prepared(SYNTHETIC)
-    assert "oracle" in baselines.policies(p.market, p.env_params, cfg)
+    assert "oracle" in baselines.policies(
+        p.market, p.env_params, cfg, bars_per_year=p.bars_per_year
+    )
     for split in ("val", "test"):
         oracle = _walk("oracle", split, SYNTHETIC)
         rand = _walk("random", split, SYNTHETIC)
@@ -161,7 +165,9 @@ def test_e3_oracle_follows_the_oracle_column_and_beats_random_on_synthetic():
         assert oracle.metrics["sharpe"] > rand.metrics["sharpe"] + 1.0
         assert oracle.metrics["sharpe"] > 2.0
     cfg_real, p_real = _prepared()
-    assert "oracle" not in baselines.policies(p_real.market, p_real.env_params, cfg_real)
+    assert "oracle" not in baselines.policies(
+        p_real.market, p_real.env_params, cfg_real, bars_per_year=p_real.bars_per_year
+    )
 
 
 def test_e3_run_baselines_table_matches_single_walks():
@@ -273,3 +279,20 @@ def test_e3_cli_help_lists_every_config_key(capsys):
         line = next((ln for ln in out.splitlines() if ln.split()[:1] == [key]), None)
         assert line is not None, key
         assert default in line, key
+
+
+def test_e3_close_only_synthetic_market_every_oracle_execution_fills_at_market_now():
+    """On close-only bars every execution of the oracle (and of every baseline) is held at
+    market, high urgency: the nine oracle executions give one and the same walk."""
+    cfg, p = _prepared((*SYNTHETIC, "data.close_only=true"))
+    assert p.close_only and p.env_params.hold_orders
+    np.testing.assert_array_equal(p.df["open"].to_numpy()[1:], p.df["close"].to_numpy()[:-1])
+    logs = {}
+    table = baselines.run_baselines(cfg, p, splits=("test",), logs=logs)
+    ref = logs[("oracle_market_high", "test")]
+    for name in baselines.ORACLE_EXECUTIONS:
+        log = logs[(name, "test")]
+        assert (log["order"] == 0).all() and (log["urgency"] == 2).all(), name
+        pd.testing.assert_frame_equal(log, ref)
+    assert (logs[("random", "test")]["order"] == 0).all()
+    assert table.loc["oracle", ("test", "sharpe")] > 1.0  # the planted edge is still there

@@ -335,3 +335,25 @@ def test_eval_config_policy_is_greedy_or_boltzmann():
     with pytest.raises(C.ConfigError) as e:
         C.load(None, ["eval.policy=argmax"])
     assert str(e.value).startswith("eval.policy: 'argmax' is not one of greedy, boltzmann")
+
+
+def test_e2_config_bars_per_year_is_auto_or_a_positive_number_and_moved_from_eval():
+    assert C.load(None).data.bars_per_year == "auto"
+    assert C.load(None, ["data.bars_per_year=8760"]).data.bars_per_year == 8760.0
+    for bad, why in (
+        ("hourly", "'auto' or a positive number"),
+        ("-1", "positive"),
+        ("0", "positive"),
+    ):
+        with pytest.raises(C.ConfigError, match=why):
+            C.load(None, [f"data.bars_per_year={bad}"])
+    with pytest.raises(C.ConfigError, match=r"eval\.periods_per_year moved to data\.bars_per_year"):
+        C.load(None, ["eval.periods_per_year=252"])
+    cfg = C.load(None, ["data.date_format=%d.%m.%Y", "data.dayfirst=true", "data.close_only=false"])
+    assert (cfg.data.date_format, cfg.data.dayfirst, cfg.data.close_only) == (
+        "%d.%m.%Y",
+        True,
+        False,
+    )
+    with pytest.raises(C.ConfigError, match=r"data\.dayfirst"):
+        C.load(None, ["data.dayfirst=maybe"])

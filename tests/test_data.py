@@ -12,6 +12,7 @@ import pytest
 
 from jaxdqn.config import DataConfig, SyntheticConfig
 from jaxdqn.market import data, splits
+from jaxdqn.market import synthetic as synthetic_lib
 from jaxdqn.market.data import COLUMNS, DataError
 
 # Ten hand-written consistent daily bars (Mon 2020-01-06 .. Fri 2020-01-17).
@@ -252,9 +253,9 @@ def test_e2_error_not_a_table(tmp_path):
 
 
 def test_e2_error_missing_column(tmp_path):
-    p = tmp_path / "novol.csv"
-    _good_frame().drop(columns="volume").to_csv(p, index=False)
-    _raises(p, "novol.csv", "missing column 'volume'")
+    p = tmp_path / "nolow.csv"
+    _good_frame().drop(columns="low").to_csv(p, index=False)
+    _raises(p, "nolow.csv", "missing column 'low'", "not all of open, high and low")
     q = tmp_path / "nodate.csv"
     _good_frame().rename(columns={"date": "when"}).to_csv(q, index=False)
     _raises(q, "nodate.csv", "missing column 'date'", "'when'")
@@ -459,7 +460,9 @@ def test_e2_synthetic_ohlc_consistent_on_many_bars(steps, vol):
 def test_e2_synthetic_path_chunking_does_not_change_the_bars(monkeypatch):
     cfg = SyntheticConfig(num_bars=1000, seed=2, intrabar_steps=50)
     whole = data.synthetic(cfg)
-    monkeypatch.setattr(data, "_BRIDGE_CHUNK", 50 * 7)  # 7 bars per chunk, a ragged last one
+    monkeypatch.setattr(
+        synthetic_lib, "_BRIDGE_CHUNK", 50 * 7
+    )  # 7 bars per chunk, a ragged last one
     pd.testing.assert_frame_equal(data.synthetic(cfg), whole)
 
 
@@ -586,3 +589,171 @@ def test_e2_column_map_columns_used_once(tmp_path):
     _raises(
         tmp_path / "twice.csv", "twice.csv", "missing column 'close'", column_map={"Close": "open"}
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Timestamps as users have them (issue 28)
+# ---------------------------------------------------------------------------------------------
+
+
+def _dated(dates: list[str]) -> str:
+    """GOOD's bars with its dates replaced by ``dates`` (10 strings)."""
+    lines = GOOD.splitlines()
+    return (
+        "\n".join([lines[0]] + [d + line[10:] for d, line in zip(dates, lines[1:], strict=True)])
+        + "\n"
+    )
+
+
+ISO = [f"2020-01-{d:02d}" for d in (6, 7, 8, 9, 10, 13, 14, 15, 16, 17)]
+DAYFIRST = [f"{d:02d}.01.2020 00:00:00.000" for d in (6, 7, 8, 9, 10, 13, 14, 15, 16, 17)]
+
+
+def test_e2_date_format_reads_the_given_pattern(tmp_path):
+    ref = data.load_ohlcv(_write(tmp_path, "iso.csv", _dated(ISO)))
+    path = _write(tmp_path, "fx.csv", _dated(DAYFIRST))
+    df = data.load_ohlcv(path, date_format="%d.%m.%Y %H:%M:%S.%f")
+    assert df.index.equals(ref.index)
+    odd = _write(tmp_path, "odd.csv", _dated([d.replace("-", "/") for d in ISO]))
+    assert data.load_ohlcv(odd, date_format="%Y/%m/%d").index.equals(ref.index)
+    # a row that does not match, and a pattern that is not one: one line each
+    msg = _raises_load(
+        path, "row 0: column 'date'", "data.date_format is '%Y-%m-%d'", date_format="%Y-%m-%d"
+    )
+    assert "13.01" not in msg  # the first row that fails is named
+    _raises_load(path, "data.date_format '%Q'", "not a usable format", date_format="%Q")
+
+
+def _raises_load(path, *fragments, **kw) -> str:
+    with pytest.raises(DataError) as info:
+        data.load_ohlcv(path, **kw)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for frag in fragments:
+        assert frag in msg, (frag, msg)
+    return msg
+
+
+def test_e2_dayfirst_is_detected_from_a_field_over_12_and_said_in_a_note(tmp_path):
+    ref = data.load_ohlcv(_write(tmp_path, "iso.csv", _dated(ISO)))
+    df = data.load_ohlcv(_write(tmp_path, "fx.csv", _dated(DAYFIRST)))
+    assert df.index.equals(ref.index)
+    (note,) = [n for n in df.attrs["notes"] if "day-first" in n]
+    assert "row 5 ('13.01.2020 00:00:00.000')" in note
+    # month-first (US) files are detected the same way; so are slashes and 2-digit years
+    us = [f"01/{d:02d}/20" for d in (6, 7, 8, 9, 10, 13, 14, 15, 16, 17)]
+    df = data.load_ohlcv(_write(tmp_path, "us.csv", _dated(us)))
+    assert df.index.equals(ref.index) and any("month-first" in n for n in df.attrs["notes"])
+    # said explicitly: no note, the same dates
+    df = data.load_ohlcv(_write(tmp_path, "fx2.csv", _dated(DAYFIRST)), dayfirst=True)
+    assert df.index.equals(ref.index) and not df.attrs["notes"]
+    # ISO dates are never reordered, whatever dayfirst says
+    assert data.load_ohlcv(_write(tmp_path, "i.csv", _dated(ISO)), dayfirst=True).index.equals(
+        ref.index
+    )
+
+
+def test_e2_ambiguous_and_partly_dayfirst_columns_are_refused(tmp_path):
+    # every field <= 12: 03.01.2020 may be 3 January or 1 March; it must not be guessed
+    ambiguous = [f"{d:02d}.01.2020" for d in range(1, 11)]
+    path = _write(tmp_path, "amb.csv", _dated(ambiguous))
+    _raises_load(path, "amb.csv", "may be day-first or month-first", "data.dayfirst")
+    df = data.load_ohlcv(path, dayfirst=True)  # ... unless the user says which
+    assert df.index[0] == pd.Timestamp("2020-01-01") and df.index[-1] == pd.Timestamp("2020-01-10")
+    df = data.load_ohlcv(path, dayfirst=False)
+    assert df.index[0] == pd.Timestamp("2020-01-01") and df.index[1] == pd.Timestamp("2020-02-01")
+    mixed = [*DAYFIRST[:5], "01.13.2020 00:00:00.000", *DAYFIRST[6:]]
+    _raises_load(
+        _write(tmp_path, "mixed.csv", _dated(mixed)),
+        "different day/month orders",
+        "row 5 ('01.13.2020 00:00:00.000')",
+        "row 6",
+    )
+    _raises_load(
+        _write(tmp_path, "fx.csv", _dated(DAYFIRST)),
+        "row 5 ('13.01.2020 00:00:00.000')",
+        "not a month-first date",
+        dayfirst=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("date", "row"), [("2262-04-12", 9), ("2300-01-01", 9), ("1677-01-01", 0), ("1600-06-30", 0)]
+)
+def test_e2_dates_outside_the_nanosecond_range_are_one_line(tmp_path, date, row):
+    dates = list(ISO)
+    dates[row] = date
+    if row == 0:  # keep them increasing: everything else moves into range order
+        dates = [date, *ISO[1:]]
+    _raises_load(
+        _write(tmp_path, "far.csv", _dated(dates)),
+        f"row {row}: column 'date'",
+        f"date '{date}' is outside the range",
+        "1677-09-21 .. 2262-04-11",
+    )
+    ints = [d.replace("-", "") for d in dates]
+    _raises_load(
+        _write(tmp_path, "far_int.csv", _dated(ints)),
+        f"row {row}: column 'date'",
+        "outside the range",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Close-only tables and tables without volume (issue 28)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_e2_close_only_table_builds_bars_from_the_closes(tmp_path):
+    frame = _good_frame()[["date", "close"]].rename(columns={"close": "Adj Close"})
+    path = tmp_path / "closes.csv"
+    frame.to_csv(path, index=False)
+    df = data.load_ohlcv(path)
+    c = frame["Adj Close"].to_numpy()
+    prev = np.concatenate([c[:1], c[:-1]])
+    np.testing.assert_array_equal(df["close"], c)
+    np.testing.assert_array_equal(df["open"], prev)
+    np.testing.assert_array_equal(df["high"], np.maximum(prev, c))
+    np.testing.assert_array_equal(df["low"], np.minimum(prev, c))
+    np.testing.assert_array_equal(df["volume"], 0.0)
+    assert df.attrs["close_only"] and not df.attrs["volume"]
+    assert any("close-only bars" in n for n in df.attrs["notes"])
+    assert any("no volume column" in n for n in df.attrs["notes"])
+    _raises_load(path, "close-only table", "data.close_only", close_only=False)
+    # close_only=true on a full OHLCV table: the same construction, volume kept
+    full = data.load_ohlcv(_write(tmp_path, "g.csv", GOOD), close_only=True)
+    np.testing.assert_array_equal(full["open"], prev)
+    np.testing.assert_array_equal(full["volume"], _good_frame()["volume"])
+    assert full.attrs["close_only"] and full.attrs["volume"]
+    # a bad close is named as the close
+    bad = frame.copy()
+    bad.loc[3, "Adj Close"] = -1.0
+    bad.to_csv(path, index=False)
+    _raises_load(path, "row 3 (2020-01-09): column 'close': non-positive price -1.0")
+
+
+def test_e2_one_column_of_a_wide_table_of_closes(tmp_path):
+    rng = np.random.default_rng(0)
+    wide = pd.DataFrame(
+        {f"T{k:02d}": 50 * np.exp(np.cumsum(0.01 * rng.standard_normal(10))) for k in range(20)}
+    )
+    wide.insert(0, "Date", ISO)
+    path = tmp_path / "universe.csv"
+    wide.to_csv(path, index=False)
+    df = data.load(DataConfig(source="csv", path=str(path), columns={"T07": "close"}))
+    np.testing.assert_array_equal(df["close"], wide["T07"])
+    assert df.attrs["close_only"]
+
+
+def test_e2_table_without_volume_trains_without_the_volume_feature(tmp_path):
+    from jaxdqn.config import FeatureConfig
+    from jaxdqn.market import features
+
+    p = tmp_path / "novol.csv"
+    _good_frame().drop(columns="volume").to_csv(p, index=False)
+    df = data.load_ohlcv(p)
+    assert not df.attrs["volume"] and not df.attrs["close_only"]
+    names = features.feature_names(FeatureConfig(), features.has_volume(df))
+    assert "volume_z" not in names and len(names) == len(features.FEATURE_NAMES) - 1
+    full = data.load_ohlcv(_write(tmp_path, "g.csv", GOOD))
+    assert features.has_volume(full)

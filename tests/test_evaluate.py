@@ -224,3 +224,23 @@ def test_e3_cost_stress_scales_every_cost_and_walks_impact_statically():
     want = evaluate.walk(p.market, hand, lo, hi, _constant(2), key, p.dates)
     pd.testing.assert_frame_equal(got[1].log, want.log)
     assert (got[0].log["cost"] == 0.0).all() and got[1].log["cost"].iloc[0] > 0
+
+
+def test_e1_close_only_bars_hold_orders_at_market_now_in_the_fills_and_the_log():
+    """With ``hold_orders`` a limit order at low urgency is executed (and logged) as a market
+    order at high urgency: the same walk as asking for that; without it they differ."""
+    market = _hand_market()
+    held = env.EnvParams(window=1, half_spread=1e-4, commission=1e-4, hold_orders=True)
+    free = env.EnvParams(window=1, half_spread=1e-4, commission=1e-4)
+    key = jax.random.PRNGKey(0)
+    walk = lambda params, policy: evaluate.walk(market, params, 0, 3, policy, key).log
+    limit, now = _constant(2, order=1, urgency=0), _constant(2, order=0, urgency=2)
+    asked = walk(held, limit)
+    assert list(asked["order"]) == [0, 0] and list(asked["urgency"]) == [2, 2]
+    assert list(asked["direction"]) == [2, 2] and list(asked["magnitude"]) == [2, 2]
+    pd.testing.assert_frame_equal(asked, walk(held, now))
+    pd.testing.assert_frame_equal(walk(free, now), walk(held, now))
+    assert list(walk(free, limit)["order"]) == [1, 1]
+    chosen = jnp.array([[0, 1, 2, 1], [2, 0, 1, 0]], jnp.int32)
+    np.testing.assert_array_equal(env.executed_action(held, chosen), [[0, 1, 0, 2], [2, 0, 0, 2]])
+    assert env.executed_action(free, chosen) is chosen

@@ -395,7 +395,9 @@ def test_e3_report_statistics_and_cost_stress_sections(tmp_path):
     assert trials[0].shape == (3 * N_EPOCHS,)
     assert trials[1].startswith("seeds × checkpoints compared on val: 3 × 6")
     cfg = config.load(overrides=["train.num_seeds=3"])
-    stats = run_statistics.split_statistics(cfg, seed_logs, base_logs, "test", trials, reps=200)
+    stats = run_statistics.split_statistics(
+        cfg, seed_logs, base_logs, "test", trials, bars_per_year=252.0, reps=200
+    )
     assert set(stats["spa"]["baselines"]) == {"flat", "buy_and_hold"}  # no oracle executions
     assert stats["dsr"]["num_trials"] == 18 and stats["bootstrap"]["seed"] == cfg.eval.key
     summary["statistics"] = {"test": stats}
@@ -446,7 +448,9 @@ def test_e3_report_statistics_and_cost_stress_sections(tmp_path):
     # baselines walked on other bars are refused
     shifted = {("flat", "test"): pd.DataFrame({"date": bars + pd.Timedelta(days=1), "return": 0.0})}
     with pytest.raises(ValueError, match="bars differ"):
-        run_statistics.split_statistics(cfg, seed_logs, shifted, "test", trials)
+        run_statistics.split_statistics(
+            cfg, seed_logs, shifted, "test", trials, bars_per_year=252.0
+        )
 
 
 def test_e3_report_statistics_of_one_seed(tmp_path):
@@ -458,7 +462,9 @@ def test_e3_report_statistics_of_one_seed(tmp_path):
     cfg = config.load()
     trials = run_statistics.selection_trials(run)
     assert trials[0].shape == (N_EPOCHS,)
-    stats = run_statistics.split_statistics(cfg, [log], base, "test", trials, reps=100)
+    stats = run_statistics.split_statistics(
+        cfg, [log], base, "test", trials, bars_per_year=252.0, reps=100
+    )
     summary = read_summary(run)
     summary["statistics"] = {"test": stats}
     summary["cost_stress"] = run_statistics.cost_stress_table(

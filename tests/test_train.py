@@ -20,6 +20,7 @@ from sigkill import kill_when_exists
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
 from jaxdqn.program import checkpoint, loop
+from jaxdqn.program import logger as logger_lib
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -96,6 +97,11 @@ def test_e3_training_writes_every_output(full_run):
     assert {"best_epoch", "val", "test", "baselines", "wall_time_s"} <= set(summary)
     assert "buy_and_hold" in summary["baselines"]
     assert np.isfinite(summary["test"]["annual_volatility"])
+    # daily bars: the bar clock is inferred as 252 and said in the summary, report and log
+    assert summary["bar_clock"]["bars_per_year"] == 252.0 and summary["bar_clock"]["inferred"]
+    assert summary["data"] == {"close_only": False, "volume": True, "held_branches": {}}
+    assert "| bar clock | 252 bars a year (inferred: daily bars" in (run / "report.md").read_text()
+    assert "bar clock 252 bars a year" in (run / "events.log").read_text()
     assert "epoch 4/4" in res.stderr + res.stdout  # plain progress lines when not a terminal
     assert "report.md" in res.stdout
 
@@ -157,6 +163,16 @@ def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "bad.csv" in res.stderr
     assert "Traceback" not in res.stderr
+    # dates past pandas' nanosecond calendar (2262-04-11): one line, exit 2, nothing written
+    far = tmp_path / "far.csv"
+    far.write_text(
+        "date,open,high,low,close,volume\n2262-04-10,1,2,0.5,1,10\n2262-04-12,1,2,0.5,1,10\n"
+    )
+    res = _train(["data.source=csv", f"data.path={far}"], tmp_path, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().count("\n") == 0
+    assert "row 1: column 'date': date '2262-04-12' is outside the range" in res.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
@@ -318,6 +334,25 @@ def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, 
     bad = [*cmd, "model.sh1=7"]
     res = subprocess.run(bad, env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and "model.sh1" in res.stderr
+    # a step the run never saved: a user error (one line, exit 2), the directory as given
+    rel = os.path.relpath(run, tmp_path)
+    missing = [sys.executable, "-m", "jaxdqn.evaluate", rel, "--checkpoint", "999"]
+    res = subprocess.run(
+        missing, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr[-2000:]
+    assert f"--checkpoint 999: {rel} has no checkpoint at that step (steps: " in res.stderr
+    assert str(tmp_path) not in res.stderr
+    assert got_clock(tmp_path / "ev") == {
+        "bars_per_year": 252.0,
+        "inferred": True,
+        "rule": "inferred: daily bars, 4.82 a week; 252 trading days a year",
+    }
+
+
+def got_clock(out: Path) -> dict:
+    """The ``bar_clock`` entry of an ``evaluate`` output directory's metrics file."""
+    return json.loads((out / "metrics_test.json").read_text())["bar_clock"]
 
 
 @pytest.mark.slow
@@ -369,3 +404,85 @@ def test_o6_same_command_twice_is_bit_identical(full_run, tmp_path):
     for key in (*keys, "git_commit"):
         assert key in a["provenance"]
     assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]
+
+
+@pytest.mark.slow
+def test_e1_e3_close_only_universe_file_trains_reports_and_holds_the_order_branches(tmp_path):
+    """A table of 20 instruments' adjusted closes (no open, high, low or volume), one of them
+    traded through ``data.columns``: the run detects close-only bars, holds order = market and
+    urgency = high on every bar of its walks and says so in the report."""
+    rng = np.random.default_rng(5)
+    dates = pd.bdate_range("2005-01-03", periods=700)
+    wide = pd.DataFrame(
+        {f"T{k:02d}": 40 * np.exp(np.cumsum(0.01 * rng.standard_normal(700))) for k in range(20)}
+    )
+    wide.insert(0, "Date", dates.strftime("%Y-%m-%d"))
+    path = tmp_path / "universe_adj_close.csv"
+    wide.to_csv(path, index=False)
+    trainer = _trainer(
+        tmp_path,
+        [
+            "data.source=csv",
+            f"data.path={path}",
+            "data.columns={T07: close}",
+            "data.split=fraction",
+            "env.impact_eta=0",
+            "train.epochs=2",
+        ],
+    )
+    assert trainer.prepared.close_only and not trainer.prepared.has_volume
+    assert "volume_z" not in trainer.prepared.features.names
+    summary = trainer.run()
+    run = tmp_path / "run"
+    assert summary["data"] == {
+        "close_only": True,
+        "volume": False,
+        "held_branches": {"order": "market", "urgency": "high"},
+    }
+    assert summary["bar_clock"]["bars_per_year"] == 252.0 and summary["bar_clock"]["inferred"]
+    for split in ("val", "test"):
+        log = pd.read_csv(run / f"eval_{split}.csv")
+        assert (log["order"] == 0).all() and (log["urgency"] == 2).all(), split
+        assert log["direction"].nunique() >= 1 and np.isfinite(log["equity"]).all()
+    report = (run / "report.md").read_text()
+    assert "| held branches | order = market, urgency = high on every bar" in report
+    assert "| bar clock | 252 bars a year (inferred: daily bars" in report
+    assert "| volume | none in the data" in report
+    events = (run / "events.log").read_text()
+    assert "close-only bars" in events and "no volume column" in events
+    assert "bar clock 252 bars a year" in events
+
+
+def test_e3_resume_accepts_restated_values_and_refuses_changes(tmp_path):
+    from jaxdqn import train
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = config.load(SMOKE, ["optim.lr=0.0005"])
+    (run / "config.yaml").write_text(config.dump(cfg))
+    # the original command with --resume: the same --config and overrides are accepted
+    assert train._resume_config(run, ["optim.lr=0.0005"]) == cfg
+    assert train._resume_config(run, ["optim.lr=5e-4"], str(SMOKE)) == cfg
+    longer = train._resume_config(run, ["optim.lr=0.0005", "train.epochs=9"], str(SMOKE))
+    assert longer.train.epochs == 9 and config.differences(cfg, longer) == [
+        ("train.epochs", cfg.train.epochs, 9)
+    ]
+    with pytest.raises(config.ConfigError, match=r"optim\.lr: cannot be changed when resuming"):
+        train._resume_config(run, ["optim.lr=0.001"])
+    with pytest.raises(config.ConfigError, match=r"the run has 0\.0005"):
+        train._resume_config(run, [], str(SMOKE))  # the file alone gives the default lr
+
+
+@pytest.mark.slow
+def test_e3_resume_with_more_epochs_rewrites_config_yaml(tmp_path):
+    cfg = config.load(SMOKE, FAST)
+    trainer = loop.Trainer(cfg, tmp_path / "run", progress=False)
+    trainer.run_dir.mkdir()
+    (trainer.run_dir / "config.yaml").write_text(config.dump(cfg))
+    longer = config.load(SMOKE, [*FAST, "train.epochs=7"])
+    log = logger_lib.open_run_log(trainer.run_dir, 1)
+    logger_lib.write_config(log, trainer.run_dir, longer, resumed=True)
+    assert config.load(trainer.run_dir / "config.yaml") == longer
+    assert "train.epochs 4 -> 7" in (trainer.run_dir / "events.log").read_text()
+    logger_lib.write_config(log, trainer.run_dir, longer, resumed=True)  # unchanged: no write
+    assert (trainer.run_dir / "events.log").read_text().count("updated on resume") == 1

@@ -261,6 +261,10 @@ def test_e3_walkforward_writes_its_results_and_every_fold_is_a_run_dir(wf_run):
         ranges = (fold_cfg.data.train_bars, fold_cfg.data.val_bars, fold_cfg.data.test_bars)
         assert ranges == tuple(tuple(bars[s]) for s in ("train", "val", "test"))
         assert fold_cfg.train.num_seeds == 2 and fold_cfg.seed == C.load(run / "config.yaml").seed
+        # one bar clock for every fold and the stitched numbers (fold 0's train split)
+        assert fold_cfg.data.bars_per_year == plan["bar_clock"]["bars_per_year"] == 252.0
+        assert json.loads((fdir / "summary.json").read_text())["bar_clock"]["bars_per_year"] == 252
+    assert plan["bar_clock"]["inferred"] and result["bar_clock"] == plan["bar_clock"]
     report = (run / "walkforward.md").read_text()
     for part in ("## Folds", "## Stitched out-of-sample test", "Hansen's SPA", "walkforward_folds"):
         assert part in report
@@ -415,7 +419,7 @@ def test_e3_walkforward_fold_killed_before_its_first_checkpoint_starts_again(tmp
     walkforward._run_fold(plan, plan.folds[1], tmp_path, False, lambda _: None)
     fold_cfg, where, resume, left = calls[-1]
     assert (where, resume) == (fdir, False) and left is None  # removed, trained from scratch
-    assert fold_cfg == walkforward.fold_config(cfg, plan.folds[1])
+    assert fold_cfg == walkforward.fold_config(cfg, plan.folds[1], plan.bar_clock.bars_per_year)
     # with a committed checkpoint it resumes; with another fold's config it refuses
     (fdir / "checkpoints" / "3").mkdir(parents=True)
     (fdir / "config.yaml").write_text(C.dump(fold_cfg))

@@ -223,7 +223,7 @@ def make_acting(
     cfg: ActingConfig, model: Any, *, eval_policy: str = "greedy", reward_unit: float = 1.0
 ) -> Acting:
     """Factory of the acting pipeline for ``cfg`` (A1 floor, A2 and A3 switches), ``model``,
-    the evaluation policy's name and the reward unit (Q value of one daily return std)."""
+    the evaluation policy's name and the reward unit (Q value of one bar's return std)."""
     iqn, sizing = cfg.iqn_blend, cfg.position_sizing
     tau_floor = cfg.tau_floor * reward_unit
 

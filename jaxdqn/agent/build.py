@@ -45,7 +45,7 @@ class Agent:
       learner: one learner update (L1–L8).
       reward_scale: learning rewards = reward_scale × log equity return
         (:func:`reward_units`).
-      reward_unit: the Q value of one std of the train split's daily log return (1 with
+      reward_unit: the Q value of one std of the train split's log return per bar (1 with
         ``reward_scale: auto``); every threshold in reward units is multiplied by it.
       selectivity: whether M12 scales insertion priorities.
       learning_starts: replay size before the first update (over every device's shard).
@@ -92,7 +92,7 @@ def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
 def reward_units(reward_scale: float | str, close: np.ndarray) -> tuple[float, float]:
     """``(reward_scale, reward_unit)`` for ``loss.reward_scale`` and the train split's closes.
 
-    σ = std(ddof=1) of the daily log returns log(close[t+1]/close[t]) of the train split.
+    σ = std(ddof=1) of the log returns per bar log(close[t+1]/close[t]) of the train split.
     ``auto``: reward_scale = 1/σ, so Q is in units of one day's return std and the reward unit
     is 1; a number c: reward_scale = c and the reward unit c·σ.
 
@@ -103,7 +103,7 @@ def reward_units(reward_scale: float | str, close: np.ndarray) -> tuple[float, f
     sigma = float(np.std(r, ddof=1)) if r.size > 1 else float("nan")
     if not (np.isfinite(sigma) and sigma > 0):
         raise ConfigError(
-            "loss.reward_scale: the train split's daily log returns have no variance "
+            "loss.reward_scale: the train split's log returns have no variance "
             f"(std {sigma}); auto cannot scale them"
         )
     if reward_scale == "auto":

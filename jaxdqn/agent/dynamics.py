@@ -121,7 +121,7 @@ def make_dynamics(
     gap_cap: float = float("inf"),
 ) -> Dynamics:
     """Factory of the training-statistics functions for ``cfg``, ``num_atoms`` atoms, the
-    bootstrap discount ``γⁿ``, the reward unit (Q value of one daily return std: every
+    bootstrap discount ``γⁿ``, the reward unit (Q value of one bar's return std: every
     threshold in reward units is multiplied by it) and M14's target-gap cap in Q units (L3's
     bound)."""
     alpha = cfg.stats_alpha

@@ -60,7 +60,8 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
         )
         row = Rollout(
             obs=obs,
-            actions=d.action.choice,
+            # what was executed: close-only bars hold the order branches (E1)
+            actions=env_lib.executed_action(agent.env_params, d.action.choice),
             selectivity=d.selectivity,
             reward=reward,
             done=done,

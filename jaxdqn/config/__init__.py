@@ -1,7 +1,7 @@
 """Typed configuration: one small frozen dataclass per concept (:mod:`.sections`), loaded from
 YAML with dotted ``key=value`` overrides (:mod:`.loading`). Read by every layer."""
 
-from jaxdqn.config.loading import MOVED, commented_yaml, describe, dump, load, to_dict
+from jaxdqn.config.loading import MOVED, commented_yaml, describe, differences, dump, load, to_dict
 from jaxdqn.config.sections import (
     ALL_OFF,
     ALL_ON,
@@ -49,6 +49,7 @@ __all__ = [
     "WalkForwardConfig",
     "commented_yaml",
     "describe",
+    "differences",
     "dump",
     "load",
     "to_dict",

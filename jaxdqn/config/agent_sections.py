@@ -98,7 +98,7 @@ class LossConfig:
     reward_scale: float | str = _f(
         "auto",
         "learning rewards = reward_scale x log equity return; auto: 1 / std of the train split's "
-        "daily log returns (Q in units of one day's return std; every Q threshold is relative "
+        "log returns per bar (Q in units of one bar's return std; every Q threshold is relative "
         "to this reward unit)",
     )
     sampled_target: bool = _f(

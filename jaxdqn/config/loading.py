@@ -3,7 +3,8 @@
 Unknown keys and ill-typed or out-of-range values raise :class:`ConfigError` whose one-line
 message names the full dotted key. Keys of configs saved before the sections were split by
 concept (2026-11-30: ``learner.*``, ``model.liquid*``, ``model.kan_backend``, the schedule keys
-of ``train``) are answered with the key that replaced them (:data:`MOVED`); keys that were
+of ``train``; 2026-12-03: ``eval.periods_per_year``, now ``data.bars_per_year``) are answered
+with the key that replaced them (:data:`MOVED`); keys that were
 removed outright say why and what replaces them (:data:`REMOVED`).
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "REMOVED",
     "commented_yaml",
     "describe",
+    "differences",
     "dump",
     "load",
     "to_dict",
@@ -90,6 +92,7 @@ MOVED: dict[str, str] = {
     },
     "learner.projection_backend": "kernels.projection",
     "model.kan_backend": "kernels.kan",
+    "eval.periods_per_year": "data.bars_per_year",
 }
 _SPLIT_SECTIONS = {"learner": "acting, replay, optim, loss, dynamics and kernels"}
 #: Removed dotted key → why, and what replaces it (the error reads "<key> was removed: <why>").
@@ -283,6 +286,23 @@ def load(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Confi
         keys, value = _parse_override(item)
         _set_nested(tree, keys, value)
     return _build(Config, tree)
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def differences(a: Config, b: Config) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, value in a, value in b)`` for every leaf where ``a`` and ``b`` differ
+    (sorted by key; a mapping such as ``data.columns`` is compared entry by entry)."""
+    fa, fb = _flat(to_dict(a)), _flat(to_dict(b))
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
 def dump(cfg: Config) -> str:

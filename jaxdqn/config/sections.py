@@ -109,6 +109,27 @@ class DataConfig:
     columns: dict[str, str] = _f(
         {}, "map of the file's column names to date/open/high/low/close/volume (e.g. {Px: close})"
     )
+    date_format: str | None = _f(
+        None,
+        "strftime pattern of the file's dates (e.g. '%d.%m.%Y %H:%M:%S.%f'); null: ISO dates, "
+        "YYYYMMDD integers or what pandas infers",
+    )
+    dayfirst: bool | None = _f(
+        None,
+        "dates written d/m/y or m/d/y (e.g. 01.02.2017) are day-first (true) or month-first "
+        "(false); null: detected from a field > 12, and a column without one is refused",
+    )
+    close_only: bool | None = _f(
+        None,
+        "bars from closes alone (open = previous close, high/low = the larger/smaller of the "
+        "two; orders held at market, now); null: when the table has no open, high or low",
+    )
+    bars_per_year: float | str = _f(
+        "auto",
+        "bars per year of every annualised number (Sharpe, volatility, return, turnover, ...); "
+        "auto: inferred from the train split's timestamps (daily 252, 7-day markets 365, "
+        "intraday bars per session x sessions per year; see jaxdqn/market/clock.py)",
+    )
     split: str = _f(
         "date",
         "how train/val/test are cut: by dates, by fractions, or as explicit bar ranges (bars)",
@@ -208,7 +229,6 @@ class ModelConfig:
 class EvalConfig:
     """Deterministic evaluation walks and metrics (E3)."""
 
-    periods_per_year: int = _f(252, "bars per year for annualisation", lo=1)
     policy: str = _f(
         "greedy",
         "policy of val, model selection, plateau detection, test and evaluate: greedy (argmax of "
@@ -410,6 +430,11 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError(
             "replay.capacity: must hold one iteration's acting.num_envs * acting.steps transitions"
         )
+    bpy = d.bars_per_year
+    if isinstance(bpy, str) and bpy != "auto":
+        raise ConfigError(f"data.bars_per_year: 'auto' or a positive number, got {bpy!r}")
+    if not isinstance(bpy, str) and not 0 < bpy < float("inf"):
+        raise ConfigError(f"data.bars_per_year: must be a positive number or auto, got {bpy!r}")
     rs = cfg.loss.reward_scale
     if isinstance(rs, str) and rs != "auto":
         raise ConfigError(f"loss.reward_scale: 'auto' or a positive number, got {rs!r}")

@@ -23,8 +23,9 @@ macd           MACD line m_t = EMA_fast(close)_t − EMA_slow(close)_t, signal l
                pandas ``ewm(span, adjust=False)``); d_t = +1 when m_t > s_t, −1 when m_t < s_t
                (``macd_mode=long_short``; ``long_flat``: 0 instead of −1), 0 when equal and
                while t < slow + signal (the EMAs' warm-up).
-vol_target     long with position fraction w_t = min(V / (σ̂_t · sqrt(ppy)), L): V the annual
-               volatility target ``baselines.vol_target``, σ̂_t the environment's causal daily
+vol_target     long with position fraction w_t = min(V / (σ̂_t · sqrt(ppy)), L), ppy the bar clock
+               (bars per year, :mod:`jaxdqn.market.clock`): V the annual
+               volatility target ``baselines.vol_target``, σ̂_t the environment's causal per-bar
                volatility (``MarketData.sigma``), passed through the position-scale input as
                scale_t = V / (σ̂_t · sqrt(ppy)) / (level_high · L) (the environment caps at L);
                flat where σ̂_t is 0 (before its warm-up).
@@ -214,8 +215,11 @@ def oracle_signal(oracle: np.ndarray) -> Signal:
     return _signal(np.asarray(oracle, dtype=np.float64))
 
 
-def signals(market: env.MarketData, params: env.EnvParams, cfg: config.Config) -> dict[str, Signal]:
-    """The signal-following baselines' signals over the whole market, by name.
+def signals(
+    market: env.MarketData, params: env.EnvParams, cfg: config.Config, *, bars_per_year: float
+) -> dict[str, Signal]:
+    """The signal-following baselines' signals over the whole market, by name
+    (``bars_per_year``: the bar clock, which annualises the volatility target's σ̂).
 
     Includes ``oracle`` only when ``cfg.data.source == "synthetic"``.
     """
@@ -232,7 +236,7 @@ def signals(market: env.MarketData, params: env.EnvParams, cfg: config.Config) -
         "vol_target": vol_target_signal(
             np.asarray(market.sigma, dtype=np.float64),
             b.vol_target,
-            cfg.eval.periods_per_year,
+            bars_per_year,
             params.magnitude_levels[_MAGNITUDE_FULL],
             params.max_leverage,
         ),
@@ -283,13 +287,13 @@ def random_policy(obs: jax.Array, t: jax.Array, key: jax.Array):
 
 
 def policies(
-    market: env.MarketData, params: env.EnvParams, cfg: config.Config
+    market: env.MarketData, params: env.EnvParams, cfg: config.Config, *, bars_per_year: float
 ) -> dict[str, evaluate.PolicyFn]:
     """Every applicable baseline as a ``policy_fn(obs, t, key)``, in :data:`BASELINE_NAMES`
     order, then (synthetic market) every :data:`ORACLE_EXECUTIONS` policy. ``oracle`` here
     trades at the next open: choosing its best execution needs the val walks of
     :func:`run_baselines`."""
-    sigs = signals(market, params, cfg)
+    sigs = signals(market, params, cfg, bars_per_year=bars_per_year)
     out: dict[str, evaluate.PolicyFn] = {}
     for name in BASELINE_NAMES:
         if name == "random":
@@ -327,8 +331,8 @@ def run_baselines(
     """
     p = prepared if prepared is not None else market_setup.prepare(cfg)
     key = jax.random.PRNGKey(cfg.eval.key)
-    ppy = cfg.eval.periods_per_year
-    sigs = signals(p.market, p.env_params, cfg)
+    ppy = p.bars_per_year
+    sigs = signals(p.market, p.env_params, cfg, bars_per_year=ppy)
 
     def walk(policy_fn, split, params=None):
         lo, hi = p.eval_range(split)

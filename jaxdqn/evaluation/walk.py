@@ -124,7 +124,7 @@ def rollout(
             action, scale = policy_fn(obs, t, step_key)
         else:
             action, scale = policy_fn(policy_params, obs, t, step_key)
-        action = jnp.asarray(action, jnp.int32)
+        action = env.executed_action(env_params, jnp.asarray(action, jnp.int32))
         scale = jnp.asarray(scale, jnp.float32)
         state, obs, reward, _done, info = env.step(env_params, market, state, action, scale)
         row = Trajectory(

@@ -8,27 +8,35 @@ name the file.
 
 Bad data never escapes as a pandas/pyarrow traceback: every problem raises :class:`DataError`
 with a one-line message naming the file and, where it applies, the row's date and the column.
+Dates are parsed by :mod:`jaxdqn.market.timestamps`; the synthetic market is
+:mod:`jaxdqn.market.synthetic`.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-import math
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.signal import lfilter
 
-from jaxdqn.config import DataConfig, SyntheticConfig
+from jaxdqn.config import DataConfig
+from jaxdqn.market import timestamps
+from jaxdqn.market.errors import DataError, first_line
+from jaxdqn.market.errors import show_value as _show
+from jaxdqn.market.synthetic import synthetic
 
 __all__ = [
     "COLUMNS",
     "DataError",
+    "as_close_only",
+    "close_only_bars",
+    "first_line",
+    "info",
     "load",
     "load_ohlcv",
+    "row_label",
     "synthetic",
     "validate_ohlcv",
 ]
@@ -47,28 +55,9 @@ MIN_ROWS = 2
 _BUNDLED = {"sp500": "sp500.csv.gz"}
 
 
-class DataError(Exception):
-    """Bad or insufficient market data; the message is one line naming the file (and row)."""
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading files
 # ---------------------------------------------------------------------------------------------
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    msg = text[0] if text else type(e).__name__
-    return msg if len(msg) <= 160 else msg[:157] + "..."
-
-
-def _show(value: object) -> str:
-    """A cell value as the user wrote it (strings quoted, numbers plain)."""
-    if isinstance(value, str):
-        return repr(value)
-    if isinstance(value, np.generic):
-        value = value.item()
-    return str(value)
 
 
 def _file_kind(path: Path) -> str | None:
@@ -174,11 +163,20 @@ def _resolve_columns(
         if hit is not None:
             chosen[canon] = hit
 
-    missing = [c for c in _CANONICAL if c not in chosen]
-    if len(missing) == len(_CANONICAL):
+    # Optional: volume; open, high and low together (a close-only table has none of them).
+    optional = ("volume",) + (_PRICES[:3] if not any(c in chosen for c in _PRICES[:3]) else ())
+    missing = [c for c in _CANONICAL if c not in chosen and c not in optional]
+    if len(chosen) == 0:
         raise DataError(
             f"{name}: not an OHLCV table: none of {', '.join(_CANONICAL)} among its columns "
             f"{_preview(labels)}"
+        )
+    if missing and missing[0] in _PRICES[:3]:
+        have = [c for c in _PRICES[:3] if c in chosen]
+        raise DataError(
+            f"{name}: missing column {missing[0]!r}: the table has {', '.join(have)} but not all "
+            f"of open, high and low (columns are {_preview(labels)}; a close-only table has "
+            "none of them)"
         )
     if missing:
         hint = "/".join(_DATE_ALIASES) if missing[0] == "date" else missing[0]
@@ -199,50 +197,57 @@ def _preview(labels: list[object], n: int = 8) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse_dates(raw: pd.Series, name: str, label: object) -> pd.DatetimeIndex:
-    """Parse the date column; tz-aware stamps keep their wall time (mixed offsets: UTC)."""
-    col = f"column {str(label)!r}"
-    values = raw.reset_index(drop=True)
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
-        # Integers such as 20190104 (YYYYMMDD); other numbers (epoch seconds? days?) are
-        # ambiguous, so they are refused rather than guessed.
-        num = np.asarray(values, dtype=np.float64)
-        ymd = np.isfinite(num) & (num == np.floor(num)) & (num >= 1e7) & (num < 1e8)
-        if not ymd.all():
-            i = int(np.argmax(~ymd))
-            raise DataError(
-                f"{name}: row {i}: {col}: unparseable date {_show(raw.iloc[i])} (numeric dates "
-                "must be YYYYMMDD; write ISO dates such as 2019-01-04)"
-            )
-        values = pd.Series(num.astype(np.int64).astype(str))
-        values = pd.to_datetime(values, format="%Y%m%d", errors="coerce")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # format-inference and mixed-offset chatter
-            try:
-                parsed = pd.to_datetime(values, errors="coerce")
-                if not pd.api.types.is_datetime64_any_dtype(parsed):
-                    raise ValueError("mixed time zones")
-            except ValueError:  # mixed UTC offsets (e.g. across daylight saving)
-                parsed = pd.to_datetime(values, errors="coerce", utc=True)
-    except Exception as e:
-        raise DataError(f"{name}: {col}: unparseable dates ({first_line(e)})") from None
-    bad = parsed.isna().to_numpy()
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise DataError(f"{name}: row {i}: {col}: unparseable date {_show(raw.iloc[i])}")
-    idx = pd.DatetimeIndex(parsed)
-    if idx.tz is not None:
-        idx = idx.tz_localize(None)
-    return idx.as_unit("ns").rename("date")
-
-
 def _stamp(stamp: pd.Timestamp) -> str:
     return stamp.strftime("%Y-%m-%d") if stamp == stamp.normalize() else stamp.isoformat()
 
 
-def _row(index: pd.DatetimeIndex, i: int) -> str:
+def row_label(index: pd.DatetimeIndex, i: int) -> str:
+    """``row i (date)`` for messages."""
     return f"row {i} ({_stamp(index[i])})"
+
+
+def _numeric(raw: pd.Series, index: pd.DatetimeIndex, name: str, col: str) -> np.ndarray:
+    """``raw`` as finite float64 (a :class:`DataError` naming the first bad row otherwise)."""
+    try:
+        num = pd.to_numeric(raw, errors="coerce")
+    except Exception:
+        num = pd.Series(np.nan, index=raw.index)
+    arr = np.asarray(num, dtype=np.float64)
+    text_bad = np.isnan(arr) & np.asarray(raw.notna())
+    if text_bad.any():
+        i = int(np.argmax(text_bad))
+        raise DataError(
+            f"{name}: {row_label(index, i)}: column {col!r}: non-numeric value {_show(raw.iloc[i])}"
+        )
+    nonfinite = ~np.isfinite(arr)
+    if nonfinite.any():
+        i = int(np.argmax(nonfinite))
+        what = "missing or NaN value" if np.isnan(arr[i]) else "infinite value"
+        raise DataError(f"{name}: {row_label(index, i)}: column {col!r}: {what}")
+    return arr
+
+
+def _positive(price: np.ndarray, index: pd.DatetimeIndex, name: str, col: str) -> None:
+    bad = price <= 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{name}: {row_label(index, i)}: column {col!r}: non-positive price {price[i]}"
+        )
+
+
+def close_only_bars(close: np.ndarray) -> dict[str, np.ndarray]:
+    """Bars from closes alone: ``open_t = close_{t−1}`` (``open_0 = close_0``), ``high`` and
+    ``low`` the larger and smaller of the two (float64 ``[T]`` each). The bar's range is then
+    its close-to-close move: nothing is invented inside it."""
+    close = np.asarray(close, dtype=np.float64)
+    open_ = np.concatenate([close[:1], close[:-1]])
+    return {
+        "open": open_,
+        "high": np.maximum(open_, close),
+        "low": np.minimum(open_, close),
+        "close": close,
+    }
 
 
 def validate_ohlcv(frame: pd.DataFrame, name: str = "<frame>") -> pd.DataFrame:
@@ -263,60 +268,36 @@ def validate_ohlcv(frame: pd.DataFrame, name: str = "<frame>") -> pd.DataFrame:
     dup = index.duplicated(keep="first")
     if dup.any():
         i = int(np.argmax(dup))
-        raise DataError(f"{name}: {_row(index, i)}: column 'date': duplicate timestamp")
+        raise DataError(f"{name}: {row_label(index, i)}: column 'date': duplicate timestamp")
     back = np.flatnonzero(np.diff(stamps) <= 0)
     if back.size:
         i = int(back[0]) + 1
         raise DataError(
-            f"{name}: {_row(index, i)}: column 'date': timestamps not strictly increasing "
+            f"{name}: {row_label(index, i)}: column 'date': timestamps not strictly increasing "
             f"(previous row is {_stamp(index[i - 1])})"
         )
-    out = {}
-    for col in COLUMNS:
-        raw = frame[col]
-        try:
-            num = pd.to_numeric(raw, errors="coerce")
-        except Exception:
-            num = pd.Series(np.nan, index=raw.index)
-        arr = np.asarray(num, dtype=np.float64)
-        text_bad = np.isnan(arr) & np.asarray(raw.notna())
-        if text_bad.any():
-            i = int(np.argmax(text_bad))
-            raise DataError(
-                f"{name}: {_row(index, i)}: column {col!r}: non-numeric value {_show(raw.iloc[i])}"
-            )
-        nonfinite = ~np.isfinite(arr)
-        if nonfinite.any():
-            i = int(np.argmax(nonfinite))
-            what = "missing or NaN value" if np.isnan(arr[i]) else "infinite value"
-            raise DataError(f"{name}: {_row(index, i)}: column {col!r}: {what}")
-        out[col] = arr
+    out = {col: _numeric(frame[col], index, name, col) for col in COLUMNS}
     for col in _PRICES:
-        bad = out[col] <= 0
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise DataError(
-                f"{name}: {_row(index, i)}: column {col!r}: non-positive price {out[col][i]}"
-            )
+        _positive(out[col], index, name, col)
     bad = out["volume"] < 0
     if bad.any():
         i = int(np.argmax(bad))
         raise DataError(
-            f"{name}: {_row(index, i)}: column 'volume': negative volume {out['volume'][i]}"
+            f"{name}: {row_label(index, i)}: column 'volume': negative volume {out['volume'][i]}"
         )
     o, h, lo, c = out["open"], out["high"], out["low"], out["close"]
     bad = h < np.maximum(o, c)
     if bad.any():
         i = int(np.argmax(bad))
         raise DataError(
-            f"{name}: {_row(index, i)}: column 'high': {h[i]} is below max(open, close) = "
+            f"{name}: {row_label(index, i)}: column 'high': {h[i]} is below max(open, close) = "
             f"{max(o[i], c[i])}"
         )
     bad = lo > np.minimum(o, c)
     if bad.any():
         i = int(np.argmax(bad))
         raise DataError(
-            f"{name}: {_row(index, i)}: column 'low': {lo[i]} is above min(open, close) = "
+            f"{name}: {row_label(index, i)}: column 'low': {lo[i]} is above min(open, close) = "
             f"{min(o[i], c[i])}"
         )
     df = pd.DataFrame(out, index=pd.DatetimeIndex(index, name="date").as_unit("ns"))
@@ -329,6 +310,9 @@ def load_ohlcv(
     column_map: Mapping[str, str] | None = None,
     *,
     fmt: str | None = None,
+    date_format: str | None = None,
+    dayfirst: bool | None = None,
+    close_only: bool | None = None,
 ) -> pd.DataFrame:
     """Load and validate daily (or intraday) OHLCV bars.
 
@@ -349,17 +333,27 @@ def load_ohlcv(
     OHLC checks below then tell you if the file's open/high/low do not match it). To prefer it
     anyway, map it explicitly: ``{"Adj Close": "close"}``.
 
-    Dates: ISO strings or anything ``pandas.to_datetime`` infers from the first row, or integers
-    ``YYYYMMDD``. Time-zone-aware stamps keep their local wall time; mixed offsets are converted
-    to UTC. The result is tz-naive.
+    Dates: ``date_format`` (an strftime pattern) when given; else ISO strings or anything
+    ``pandas.to_datetime`` infers from the first row, or integers ``YYYYMMDD``. Dates written
+    day/month/year or month/day/year are read in the order ``dayfirst`` says or, when it is
+    None, the order the column shows (a first field > 12 somewhere: day-first, with a note; a
+    second one: month-first); a column that shows neither, or both, is refused. Time-zone-aware
+    stamps keep their local wall time; mixed offsets are converted to UTC. The result is
+    tz-naive; dates outside pandas' nanosecond range (1677-09-21 .. 2262-04-11) are refused.
+
+    Close-only tables: with ``close_only`` true, or None and no open/high/low column, the bars
+    are :func:`close_only_bars` of the closes. Without a volume column the volume is 0 and
+    ``attrs["volume"]`` is False (the features leave volume out).
 
     Returns:
       DataFrame, index ``DatetimeIndex`` named ``date``, float64 columns
-      ``open, high, low, close, volume``; ``attrs["source"]`` = the file's name.
+      ``open, high, low, close, volume``; ``attrs``: ``source`` (the file's name),
+      ``close_only``, ``volume``, ``notes`` (see :func:`load`).
 
     Raises:
       DataError: one line naming the file (and row date and column) for: missing, empty,
-        binary or otherwise unreadable file; missing or ambiguous column; unparseable date;
+        binary or otherwise unreadable file; missing or ambiguous column; unparseable,
+        ambiguous (day/month), partly day-first or out-of-range date; a bad ``date_format``;
         duplicate or decreasing timestamps; non-numeric, NaN or inf value; price <= 0;
         negative volume; ``high < max(open, close)`` or ``low > min(open, close)``; fewer than
         :data:`MIN_ROWS` rows.
@@ -381,119 +375,78 @@ def load_ohlcv(
         frame = _read_table(path, kind, name)
 
     chosen = _resolve_columns(frame, column_map, name)
-    index = _parse_dates(frame[chosen["date"]], name, chosen["date"])
-    values = pd.DataFrame(
-        {c: frame[chosen[c]].to_numpy() for c in COLUMNS}, index=pd.RangeIndex(len(frame))
+    index, notes = timestamps.parse_dates(
+        frame[chosen["date"]], name, chosen["date"], date_format=date_format, dayfirst=dayfirst
     )
-    values.index = index
-    return validate_ohlcv(values, name)
-
-
-# ---------------------------------------------------------------------------------------------
-# The synthetic market
-# ---------------------------------------------------------------------------------------------
-
-
-def synthetic(cfg: SyntheticConfig) -> pd.DataFrame:
-    """Daily OHLCV bars with a planted AR(1) signal, intrabar paths and the oracle's direction.
-
-    Close-to-close log returns r_t = log(C_t / C_{t-1}) follow a stationary AR(1)
-    ``r_t - mu = phi (r_{t-1} - mu) + eps_t``, eps_t ~ N(0, vol^2), started from its stationary
-    law, with C_0 = start_price (r_0 := 0). The best one-bar forecast after bar t closes is
-    E[r_{t+1} | r_t] = mu + phi (r_t - mu), so ``oracle[t] = sign(mu + phi (r_t - mu))`` for
-    t >= 1 and 0 on the first bar. Overnight gap g_t ~ N(0, (gap_frac vol)^2), independent of
-    the past (the edge is also there for orders at the next open): O_t = C_{t-1} e^{g_t}.
-
-    High and low are the extrema of a discretised intrabar log-price path, a Brownian bridge
-    from a = log O_t to b = log C_t in n = ``intrabar_steps`` steps with diffusion sd
-    s = ``intrabar_vol`` * vol over the bar, ``X_k = a + (k/n)(b - a) + W_k - (k/n) W_n`` with
-    ``W_k = z_1 + ... + z_k``, z_j ~ N(0, s^2/n), k = 0..n (so X_0 = a, X_n = b):
-    H_t = exp(max_k X_k), L_t = exp(min_k X_k), so L <= min(O, C) <= max(O, C) <= H. As
-    n -> inf, P(max_k X_k - max(a, b) > m) = exp(-2 m (m + |b - a|) / s^2) for m >= 0 (the
-    bridge-maximum law; a path of n steps falls short of it by about 0.5826 s / sqrt(n)). The
-    wicks shrink as the body |b - a| grows, and a buy limit below the open is reached mostly by
-    paths that end lower: fills carry adverse selection, as in a real market. Volume is
-    lognormal (median ``volume_median``, log-sd ``volume_sigma``); dates are business days from
-    ``start_date``. Deterministic in ``cfg``: closes, gaps, volume and oracle come from
-    ``default_rng(cfg.seed)`` with the draws of the generator before intrabar paths (so those
-    columns are unchanged), the bridges from ``default_rng([cfg.seed, 1])``.
-
-    Returns:
-      DataFrame [num_bars] like :func:`load_ohlcv` plus float64 column ``oracle`` in {-1, 0, 1}.
-    """
-    try:
-        dates = pd.bdate_range(start=pd.Timestamp(cfg.start_date), periods=cfg.num_bars)
-    except Exception as e:
-        raise DataError(f"synthetic: start_date {cfg.start_date!r} is not a date ({e})") from None
-    if dates[-1] > pd.Timestamp.max:  # pandas counts nanoseconds: its calendar ends in 2262
+    has_ohlc = all(c in chosen for c in _PRICES[:3])
+    if not has_ohlc and close_only is False:
         raise DataError(
-            f"synthetic: {cfg.num_bars} business days from {cfg.start_date} run past "
-            f"{pd.Timestamp.max.date()}; set an earlier data.synthetic.start_date"
+            f"{name}: missing column 'open' (a close-only table: set data.close_only=true or "
+            "null to accept it, or map the columns with data.columns)"
         )
-    n, phi, vol, mu = cfg.num_bars, cfg.phi, cfg.vol, cfg.drift
-    rng = np.random.default_rng(cfg.seed)
-    eps = rng.normal(0.0, vol, size=n)
-    gaps = rng.normal(0.0, cfg.gap_frac * vol, size=n)
-    rng.standard_normal(2 * n)  # the old independent wicks: dropped, but the stream is kept
-    log_volume = rng.normal(math.log(cfg.volume_median), cfg.volume_sigma, size=n)
-
-    # Deviations x_t = r_t - mu; x_1 drawn from the stationary law N(0, vol^2 / (1 - phi^2)).
-    x = np.zeros(n)
-    if n > 1:
-        x0 = eps[1] / math.sqrt(1.0 - phi * phi)
-        x[1:] = lfilter([1.0], [1.0, -phi], np.concatenate([[x0], eps[2:]]))
-    r = np.where(np.arange(n) > 0, mu + x, 0.0)
-
-    close = cfg.start_price * np.exp(np.cumsum(r))
-    prev_close = np.concatenate([[cfg.start_price], close[:-1]])
-    open_ = prev_close * np.exp(gaps)
-    sd, bridge_rng = cfg.intrabar_vol * vol, np.random.default_rng([cfg.seed, 1])
-    top, bottom = _bridge_extremes(np.log(open_), np.log(close), sd, cfg.intrabar_steps, bridge_rng)
-    oracle = np.sign(mu + phi * (r - mu))
-    oracle[0] = 0.0
-
-    df = pd.DataFrame(
-        {
-            "open": open_,
-            # exp(log(x)) need not round back to x: the ends are taken in again
-            "high": np.maximum(np.exp(top), np.maximum(open_, close)),
-            "low": np.minimum(np.exp(bottom), np.minimum(open_, close)),
-            "close": close,
-            "volume": np.exp(log_volume),
-            "oracle": oracle.astype(np.float64),
-        },
-        index=pd.DatetimeIndex(dates, name="date").as_unit("ns"),
-    )
-    df.attrs["source"] = f"synthetic(seed={cfg.seed}, phi={phi})"
+    closes_only = close_only is True or not has_ohlc
+    if closes_only:
+        if not has_ohlc:
+            notes.append(
+                f"{name}: no open, high or low column: close-only bars (open = previous close, "
+                "high/low = the larger/smaller of the two); orders are held at market, now"
+            )
+        close = _numeric(frame[chosen["close"]].reset_index(drop=True), index, name, "close")
+        _positive(close, index, name, "close")
+        cols = close_only_bars(close)
+    else:
+        cols = {c: frame[chosen[c]].to_numpy() for c in _PRICES}
+    has_volume = "volume" in chosen
+    if has_volume:
+        cols["volume"] = frame[chosen["volume"]].to_numpy()
+    else:
+        cols["volume"] = np.zeros(len(frame))
+        notes.append(f"{name}: no volume column: the volume feature is left out of the observation")
+    values = pd.DataFrame({c: cols[c] for c in COLUMNS}, index=pd.RangeIndex(len(frame)))
+    values.index = index
+    df = validate_ohlcv(values, name)
+    df.attrs.update(close_only=closes_only, volume=has_volume, notes=tuple(notes))
     return df
 
 
-_BRIDGE_CHUNK = 1 << 20  # most path points (bars x steps) held in memory at once
+def as_close_only(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its open, high and low rebuilt from the closes (:func:`close_only_bars`);
+    volume and any other column kept."""
+    out = df.copy()
+    for k, v in close_only_bars(df["close"].to_numpy()).items():
+        out[k] = v
+    out.attrs = {**df.attrs, "close_only": True}
+    return out
 
 
-def _bridge_extremes(a, b, sd: float, steps: int, rng: np.random.Generator):
-    """(max, min) over k = 0..steps of the bridges X_k of :func:`synthetic` from ``a`` [N] to
-    ``b`` [N], float64 [N] each. Drawn in chunks of bars, row by row in bar order, so the
-    result does not depend on the chunk size and memory stays O(_BRIDGE_CHUNK)."""
-    frac = np.arange(1, steps + 1, dtype=np.float64) / steps  # k/n for k = 1..n
-    hi, lo = np.maximum(a, b), np.minimum(a, b)
-    rows = max(1, _BRIDGE_CHUNK // steps)
-    for i in range(0, a.shape[0], rows):
-        j = min(i + rows, a.shape[0])
-        walk = np.cumsum(rng.standard_normal((j - i, steps)), axis=1) * (sd / math.sqrt(steps))
-        path = a[i:j, None] + frac * (b[i:j] - a[i:j])[:, None] + walk - frac * walk[:, -1:]
-        np.maximum(hi[i:j], path.max(axis=1), out=hi[i:j])
-        np.minimum(lo[i:j], path.min(axis=1), out=lo[i:j])
-    return hi, lo
+def info(df: pd.DataFrame) -> tuple[bool, bool, tuple[str, ...]]:
+    """``(close_only, has_volume, notes)`` of bars from :func:`load`."""
+    return (
+        bool(df.attrs.get("close_only", False)),
+        bool(df.attrs.get("volume", True)),
+        tuple(df.attrs.get("notes", ())),
+    )
 
 
 def load(cfg: DataConfig) -> pd.DataFrame:
-    """The bars ``cfg`` names: ``sp500`` | ``csv`` | ``parquet`` (``cfg.path``, ``cfg.columns``)
-    | ``synthetic`` (``cfg.synthetic``)."""
+    """The bars ``cfg`` names: ``sp500`` | ``csv`` | ``parquet`` (``cfg.path``, ``cfg.columns``,
+    ``cfg.date_format``, ``cfg.dayfirst``) | ``synthetic`` (``cfg.synthetic``); close-only bars
+    when ``cfg.close_only`` is true (a file without open/high/low is close-only unless it is
+    false). ``df.attrs`` holds ``close_only``, ``volume`` (whether the bars have volume) and
+    ``notes`` (log lines: detected day/month order, close-only or volume-less file)."""
     if cfg.source == "synthetic":
-        return synthetic(cfg.synthetic)
-    if cfg.source == "sp500":  # the bundled file has canonical names; data.columns is for files
-        return load_ohlcv("sp500")
-    if not cfg.path:
+        df = synthetic(cfg.synthetic)
+    elif cfg.source == "sp500":  # the bundled file has canonical names; data.columns is for files
+        df = load_ohlcv("sp500")
+    elif not cfg.path:
         raise DataError(f"data.path: required when data.source is {cfg.source}")
-    return load_ohlcv(cfg.path, cfg.columns or None, fmt=cfg.source)
+    else:
+        return load_ohlcv(
+            cfg.path,
+            cfg.columns or None,
+            fmt=cfg.source,
+            date_format=cfg.date_format,
+            dayfirst=cfg.dayfirst,
+            close_only=cfg.close_only,
+        )
+    return as_close_only(df) if cfg.close_only else df

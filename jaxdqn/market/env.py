@@ -1,7 +1,7 @@
 """E1: the vectorised market environment, in pure JAX.
 
-One environment trades one instrument on daily bars. The agent decides **after bar t closes**
-and its order executes **only within bar t+1**, so it never trades at a price it has seen.
+One environment trades one instrument on bars of any clock. The agent decides **after bar t
+closes** and its order executes **only within bar t+1**, so it never trades at a price it has seen.
 
 Account. The account is ``cash + shares`` in units of the initial capital (equity starts at
 1.0; ``env.capital`` converts to currency for the impact model). Equity at close t is
@@ -69,6 +69,7 @@ __all__ = [
     "EnvParams",
     "EnvState",
     "MarketData",
+    "executed_action",
     "make_market",
     "obs_dim",
     "observe",
@@ -93,8 +94,8 @@ class MarketData:
 
     Attributes (float32, ``[T]`` unless noted):
       open, high, low, close, volume: the bars.
-      sigma: ``σ̂_t``, causal daily volatility (fraction) using bars ≤ t; 0 before warm-up.
-      adv: average daily dollar volume, the mean of ``close · volume`` over the last
+      sigma: ``σ̂_t``, causal per-bar volatility (fraction) using bars ≤ t; 0 before warm-up.
+      adv: average dollar volume per bar, the mean of ``close · volume`` over the last
         ``env.adv_window`` bars up to and including t (fewer at the start).
       features: ``[T, F]`` normalised causal features (row t uses bars ≤ t).
       oracle: the synthetic market's oracle direction for the decision after bar t
@@ -139,11 +140,13 @@ class EnvParams:
     participation: float = 0.1
     capital: float = 1.0e6
     limit_through: float = 5e-4
+    hold_orders: bool = False  # close-only bars: orders held at market, now (executed_action)
 
     @classmethod
-    def from_config(cls, env_cfg: EnvConfig, window: int) -> EnvParams:
-        """Build from ``cfg.env`` and the observation window ``cfg.features.window``."""
+    def from_config(cls, env_cfg: EnvConfig, window: int, hold_orders: bool = False) -> EnvParams:
+        """From ``cfg.env``, the window ``cfg.features.window`` and (close-only) hold_orders."""
         return cls(
+            hold_orders=bool(hold_orders),
             window=int(window),
             episode_length=int(env_cfg.episode_length),
             max_leverage=float(env_cfg.max_leverage),
@@ -360,13 +363,26 @@ def target_position(params: EnvParams, action: jax.Array, scale: jax.Array) -> j
     return jnp.clip(direction * level * scale * lev, -lev, lev).astype(jnp.float32)
 
 
+HELD_ORDER, HELD_URGENCY = 0, 2  # close-only bars: market, high urgency (next open = last close)
+
+
+def executed_action(params: EnvParams, action: jax.Array) -> jax.Array:
+    """The executed action: ``action`` (int32 ``[..., 4]``), with ``params.hold_orders`` its order
+    and urgency held at market, high urgency (bars from closes alone have no intrabar range to
+    simulate a limit or typical-price fill against honestly)."""
+    if not params.hold_orders:
+        return action
+    held = jnp.asarray([HELD_ORDER, HELD_URGENCY], dtype=action.dtype)
+    return action.at[..., 2:].set(jnp.broadcast_to(held, (*action.shape[:-1], 2)))
+
+
 def _transition(
     params: EnvParams, market: MarketData, state: EnvState, action: jax.Array, scale: jax.Array
 ) -> tuple[EnvState, jax.Array, jax.Array, dict[str, jax.Array]]:
     """Execute the order within bar t+1 and mark at close[t+1] (no observation, no reset)."""
     chex.assert_shape(action, (4,))
     chex.assert_rank(scale, 0)
-    action = action.astype(jnp.int32)
+    action = executed_action(params, action.astype(jnp.int32))
     order, urgency = action[2], action[3]
     t = state.t
     n = t + 1

@@ -7,7 +7,7 @@ deviation of the train rows only, then clipped.
 Notation: O, H, L, C, V are the bar's open, high, low, close, volume; r_t = log(C_t / C_{t-1})
 (t >= 1) is the close-to-close log return; sigma_t is the EWMA volatility below and
 s_t = max(sigma_t, SIGMA_FLOOR). Returns, trend distances and ranges are measured in units of
-daily volatility, which keeps them comparable across calm and turbulent regimes (the S&P train
+per-bar volatility, which keeps them comparable across calm and turbulent regimes (the S&P train
 split contains 2008; raw returns normalised on it would put every calm year near zero).
 
 =============  ============================================================  =============
@@ -56,6 +56,7 @@ __all__ = [
     "compute_features",
     "feature_names",
     "fit_normaliser",
+    "has_volume",
     "normalise",
     "raw_features",
     "warmup_length",
@@ -91,7 +92,7 @@ class Features(NamedTuple):
     values: float32 [T, F], (raw - mean) / std clipped to [-clip, clip]; rows < warmup are 0.
     names: the F feature names (:func:`feature_names`: FEATURE_NAMES [+ "gap"]).
     warmup: first row whose features are all valid.
-    sigma: float64 [T], causal daily volatility sigma_hat_t (a fraction; see
+    sigma: float64 [T], causal per-bar volatility sigma_hat_t (a fraction; see
       :func:`causal_sigma`); defined on every row, reliable from ``warmup``.
     mean, std: float64 [F], fitted on train rows ``max(train.start, warmup) .. train.stop``.
     """
@@ -104,9 +105,19 @@ class Features(NamedTuple):
     std: np.ndarray
 
 
-def feature_names(cfg: FeatureConfig) -> tuple[str, ...]:
-    """Names of the feature columns ``cfg`` produces, in order."""
-    return (*FEATURE_NAMES, GAP_FEATURE) if cfg.gap else FEATURE_NAMES
+VOLUME_FEATURE = "volume_z"
+
+
+def feature_names(cfg: FeatureConfig, volume: bool = True) -> tuple[str, ...]:
+    """Names of the feature columns ``cfg`` produces, in order; ``volume``: whether the bars
+    have volume (without it :data:`VOLUME_FEATURE` is left out)."""
+    names = (*FEATURE_NAMES, GAP_FEATURE) if cfg.gap else FEATURE_NAMES
+    return names if volume else tuple(n for n in names if n != VOLUME_FEATURE)
+
+
+def has_volume(df: pd.DataFrame) -> bool:
+    """Whether the bars ``df`` came with volume (``df.attrs["volume"]``, default True)."""
+    return bool(df.attrs.get("volume", True))
 
 
 def warmup_length(cfg: FeatureConfig) -> int:
@@ -127,7 +138,7 @@ def _ewm_rms(x: pd.Series, span: int) -> np.ndarray:
 
 
 def causal_sigma(df: pd.DataFrame, span: int) -> np.ndarray:
-    """EWMA (RiskMetrics-style, zero mean) daily volatility, a fraction, float64 [T].
+    """EWMA (RiskMetrics-style, zero mean) per-bar volatility, a fraction, float64 [T].
 
         sigma_t^2 = sum_{i=0}^{t} w^i r_{t-i}^2 / sum_{i=0}^{t} w^i,   w = 1 - 2 / (span + 1),
 
@@ -144,7 +155,7 @@ def causal_sigma(df: pd.DataFrame, span: int) -> np.ndarray:
 
 
 def raw_features(df: pd.DataFrame, cfg: FeatureConfig) -> tuple[np.ndarray, np.ndarray]:
-    """Unnormalised causal features and sigma.
+    """Unnormalised causal features and sigma (volume left out of bars without it).
 
     Args:
       df: validated bars with columns open, high, low, close, volume (T rows).
@@ -203,7 +214,7 @@ def raw_features(df: pd.DataFrame, cfg: FeatureConfig) -> tuple[np.ndarray, np.n
     cols["volume_z"] = np.where(flat, 0.0, (lv.to_numpy() - mu) / np.where(flat, 1.0, sd))
     cols["volume_z"][np.isnan(sd)] = np.nan
 
-    names = feature_names(cfg)
+    names = feature_names(cfg, has_volume(df))
     raw = np.stack([cols[k] for k in names], axis=1)
     warmup = warmup_length(cfg)
     raw[:warmup] = np.nan
@@ -257,10 +268,11 @@ def compute_features(df: pd.DataFrame, cfg: FeatureConfig, train: tuple[int, int
       train: the train split's half-open row range ``(start, stop)``.
 
     Returns:
-      :class:`Features` with values float32 [T, F], F = len(feature_names(cfg)) (11 by default).
+      :class:`Features` with values float32 [T, F], F = len(feature_names(cfg, volume)) (11 by
+      default; 10 for bars without volume).
     """
     raw, sigma = raw_features(df, cfg)
     warmup = warmup_length(cfg)
     mean, std = fit_normaliser(raw, warmup, train)
     values = normalise(raw, mean, std, cfg.clip, warmup)
-    return Features(values, feature_names(cfg), warmup, sigma, mean, std)
+    return Features(values, feature_names(cfg, has_volume(df)), warmup, sigma, mean, std)

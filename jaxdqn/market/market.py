@@ -7,7 +7,9 @@ and costs:
 1. ``df = data.load(cfg.data)`` — validated bars (real, user file or synthetic);
 2. ``splits = splits_lib.split(df, cfg.data, first_decision)`` with
    ``first_decision = features.warmup_length(cfg.features) + cfg.features.window − 1``, the
-   first bar whose whole observation window holds valid features;
+   first bar whose whole observation window holds valid features; the bar clock
+   (:mod:`jaxdqn.market.clock`: ``data.bars_per_year``, or inferred from the train split's
+   timestamps) and the check that the file holds one bar frequency;
 3. ``features = compute_features(df, cfg.features, splits.train)`` — normalised on train only;
 4. ``market = env.make_market(df, features, cfg.env)`` and the static ``EnvParams``.
 """
@@ -19,11 +21,12 @@ from typing import NamedTuple
 import pandas as pd
 
 from jaxdqn.config import Config
+from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
 from jaxdqn.market import splits as splits_lib
 
-__all__ = ["SPLIT_NAMES", "Prepared", "first_decision", "prepare"]
+__all__ = ["SPLIT_NAMES", "Prepared", "first_decision", "prepare", "resolve_clock"]
 
 SPLIT_NAMES = ("train", "val", "test")
 
@@ -39,6 +42,7 @@ class Prepared(NamedTuple):
       env_params: static environment parameters (``window`` = ``cfg.features.window``).
       dates: ``df.index``, the bar timestamps ``[T]``.
       first_decision: first bar the agent can decide on (full valid observation window).
+      bar_clock: the bar clock of every annualised number (:class:`~jaxdqn.market.clock.BarClock`).
     """
 
     df: pd.DataFrame
@@ -48,6 +52,30 @@ class Prepared(NamedTuple):
     env_params: env.EnvParams
     dates: pd.DatetimeIndex
     first_decision: int
+    bar_clock: clock_lib.BarClock
+
+    @property
+    def bars_per_year(self) -> float:
+        """The annualisation factor of every annualised number (``bar_clock.bars_per_year``)."""
+        return self.bar_clock.bars_per_year
+
+    @property
+    def close_only(self) -> bool:
+        """Bars built from closes alone: the order branches are held (E1 ``hold_orders``)."""
+        return data.info(self.df)[0]
+
+    @property
+    def has_volume(self) -> bool:
+        """Whether the bars came with volume (without: no volume feature)."""
+        return data.info(self.df)[1]
+
+    def notes(self) -> list[str]:
+        """Log lines about the data: the bar clock, and what loading detected (day/month
+        order, close-only bars, no volume)."""
+        bc = self.bar_clock
+        name = self.df.attrs.get("source", "data")
+        head = f"{name}: bar clock {bc.bars_per_year:.6g} bars a year ({bc.rule})"
+        return [head, *data.info(self.df)[2]]
 
     def bar_range(self, split: str) -> tuple[int, int]:
         """Half-open bar range ``(lo, hi)`` of ``split`` for the env; ``lo`` is raised to the
@@ -82,9 +110,11 @@ def prepare(cfg: Config) -> Prepared:
     df = data.load(cfg.data)
     first = first_decision(cfg)
     splits = splits_lib.split(df, cfg.data, first)
+    bar_clock = resolve_clock(df, cfg.data.bars_per_year, splits.train)
     feats = features_lib.compute_features(df, cfg.features, splits.train)
     market = env.make_market(df, feats, cfg.env)
-    env_params = env.EnvParams.from_config(cfg.env, cfg.features.window)
+    close_only, _, _ = data.info(df)
+    env_params = env.EnvParams.from_config(cfg.env, cfg.features.window, hold_orders=close_only)
     return Prepared(
         df=df,
         features=feats,
@@ -93,4 +123,29 @@ def prepare(cfg: Config) -> Prepared:
         env_params=env_params,
         dates=pd.DatetimeIndex(df.index),
         first_decision=first,
+        bar_clock=bar_clock,
     )
+
+
+def resolve_clock(
+    df: pd.DataFrame, setting: float | str, train: tuple[int, int]
+) -> clock_lib.BarClock:
+    """The clock of ``data.bars_per_year`` = ``setting`` for the bars ``df`` whose train split
+    is the rows ``train``, after checking that ``df`` holds one bar frequency.
+
+    Raises:
+      DataError: the file mixes frequencies (naming the row), or ``auto`` cannot infer a clock.
+    """
+    name = df.attrs.get("source", "data")
+    index = pd.DatetimeIndex(df.index)
+    changed = clock_lib.check_spacing(index)
+    if changed is not None:
+        row, why = changed
+        raise data.DataError(f"{name}: {data.row_label(index, row)}: column 'date': {why}")
+    try:
+        return clock_lib.resolve(setting, index[train[0] : train[1]])
+    except clock_lib.ClockError as e:
+        raise data.DataError(
+            f"{name}: data.bars_per_year: cannot infer the bar clock ({e}); set the number, "
+            "e.g. data.bars_per_year=252"
+        ) from None

@@ -9,7 +9,8 @@ means over seeds (NaN ignored) and, with several seeds, ``seeds`` lists each see
 baselines (:mod:`jaxdqn.program.run_statistics`: bootstrap intervals, PSR, DSR over every val
 Sharpe the selection saw, SPA; ``eval.bootstrap_reps`` replications); ``cost_stress`` the test
 walk of every seed at each of ``eval.cost_multiples`` × the configured costs (default 0×, 1×,
-2×, 3×; 1× is the test walk itself).
+2×, 3×; 1× is the test walk itself); ``bar_clock`` the bars per year of every annualised number
+(:mod:`jaxdqn.market.clock`), whether it was inferred and how.
 """
 
 from __future__ import annotations
@@ -23,14 +24,22 @@ import pandas as pd
 
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
+from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.config import Config
 from jaxdqn.evaluation import baselines
+from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
 from jaxdqn.market.market import Prepared
 from jaxdqn.program import checkpoint, report, results, run_statistics
 from jaxdqn.program.placement import Placement
 from jaxdqn.program.provenance import provenance
 from jaxdqn.program.run_state import RunState
 from jaxdqn.program.walks import stress_seed, walk_seed
+
+#: The branches close-only bars hold, and the choice each is held at (E1 ``hold_orders``).
+HELD = {
+    "order": ACTION_NAMES["order"][HELD_ORDER],
+    "urgency": ACTION_NAMES["urgency"][HELD_URGENCY],
+}
 
 __all__ = ["finish"]
 
@@ -98,7 +107,9 @@ def finish(
 
     trials = run_statistics.selection_trials(run_dir)
     stats = {
-        split: run_statistics.split_statistics(cfg, logs[split], base_logs, split, trials)
+        split: run_statistics.split_statistics(
+            cfg, logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year
+        )
         for split in SPLITS
     }
 
@@ -108,6 +119,12 @@ def finish(
     summary = {
         "best_epoch": RunState.from_json(best_host).epoch,
         "best_step": best_step,
+        "bar_clock": prepared.bar_clock.to_json(),
+        "data": {
+            "close_only": prepared.close_only,
+            "volume": prepared.has_volume,
+            "held_branches": dict(HELD) if prepared.close_only else {},
+        },
         "val": mean("val"),
         "test": mean("test"),
         "baselines": base_summary,

@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["as_float", "clock", "fixed", "markdown_table", "numeric", "to_jsonable"]
+__all__ = [
+    "as_float",
+    "bar_clock_text",
+    "clock",
+    "fixed",
+    "markdown_table",
+    "numeric",
+    "to_jsonable",
+]
 
 
 def to_jsonable(value: Any, name: str = "value") -> Any:
@@ -70,6 +78,14 @@ def clock(seconds: float) -> str:
         return "-:--:--"
     s = round(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def bar_clock_text(bar_clock: Any) -> str:
+    """One line for a ``bar_clock`` entry (``{"bars_per_year", "inferred", "rule"}``, as
+    ``summary.json`` holds it): ``"252 bars a year (inferred: daily bars, ...)"``."""
+    bpy = as_float(bar_clock.get("bars_per_year"))
+    rule = bar_clock.get("rule") or ("inferred" if bar_clock.get("inferred") else "set")
+    return f"{bpy:.6g} bars a year ({rule})"
 
 
 def as_float(value: Any) -> float:

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxdqn import config as config_lib
+from jaxdqn.config import Config
 from jaxdqn.program import tensorboard as tb
 from jaxdqn.program.formats import to_jsonable
 
@@ -47,6 +49,7 @@ __all__ = [
     "SilentLogger",
     "open_run_log",
     "read_metrics",
+    "write_config",
 ]
 
 METRICS_FILE = "metrics.jsonl"
@@ -190,8 +193,12 @@ class RunLogger:
         return records[-1]["epoch"] if records else None
 
     def write_file(self, name: str, text: str) -> None:
-        """Write ``text`` to ``name`` in the run directory (e.g. the resolved config)."""
-        (self.run_dir / name).write_text(text)
+        """Write ``text`` to ``name`` in the run directory (e.g. the resolved config), atomically:
+        a crash leaves the old file or the new one, never half of one."""
+        path = self.run_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
     def log_epoch(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (must hold an integer ``epoch`` > :attr:`last_epoch`) and send its
@@ -291,6 +298,23 @@ class SilentLogger:
 
     def close(self) -> None:
         pass
+
+
+def write_config(log: Any, run_dir: str | os.PathLike, cfg: Config, *, resumed: bool) -> None:
+    """``config.yaml`` through ``log`` (a :class:`RunLogger` writes, a :class:`SilentLogger`
+    does not): written when a run starts; on resume rewritten, with a note, when the config
+    changed (a longer ``train.epochs``), so the directory and its report say what it trains."""
+    path = Path(run_dir) / "config.yaml"
+    if not resumed:
+        log.write_file("config.yaml", config_lib.dump(cfg))
+        return
+    changed = config_lib.differences(config_lib.load(path), cfg) if path.exists() else []
+    if changed:
+        log.write_file("config.yaml", config_lib.dump(cfg))
+        log.note(
+            "config.yaml updated on resume: "
+            + ", ".join(f"{k} {old} -> {new}" for k, old, new in changed)
+        )
 
 
 def open_run_log(run_dir: str | os.PathLike, num_seeds: int, *, write: bool = True):

@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdqn import config as config_lib
 from jaxdqn.agent import optim
 from jaxdqn.agent.build import build_agent
 from jaxdqn.agent.state import TrainState, fold_keys
@@ -102,8 +101,11 @@ class Trainer:
                 f"resumed from checkpoint {step} (epoch {run.epoch}, iteration "
                 f"{run.iteration}); dropped {dropped} later log records"
             )
+            logger_lib.write_config(self.log, self.run_dir, self.cfg, resumed=True)
         else:
-            self.log.write_file("config.yaml", config_lib.dump(self.cfg))
+            logger_lib.write_config(self.log, self.run_dir, self.cfg, resumed=False)
+            for line in self.prepared.notes():
+                self.log.note(line)
             a = self.agent
             self.log.note(
                 f"reward scale {a.reward_scale:.6g} ({self.cfg.loss.reward_scale}); reward unit "
@@ -174,7 +176,7 @@ class Trainer:
         val_sharpe = float(np.mean([r.metrics["sharpe"] for r in results]))
         run.eval_q_std_ema = self.agent.dynamics.next_eval_q_std(run.eval_q_std_ema, spread)
         q_gap = np.asarray(jax.device_get(view.dynamics.q_gap)).mean(axis=0)
-        se = metrics_lib.sharpe_se(val_sharpe, len(results[0].log), cfg.eval.periods_per_year)
+        se = metrics_lib.sharpe_se(val_sharpe, len(results[0].log), self.prepared.bars_per_year)
         run.plateau, rep = plateau.observe(run.plateau, val_sharpe, tuple(q_gap), tc, sharpe_se=se)
         done = run.epoch + 1
         if rep.action == "reset_branches":

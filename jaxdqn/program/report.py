@@ -30,7 +30,7 @@ from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
 from jaxdqn.program import metric_names, plots, report_statistics
-from jaxdqn.program.formats import as_float, clock
+from jaxdqn.program.formats import as_float, bar_clock_text, clock
 from jaxdqn.program.logger import read_metrics
 from jaxdqn.program.results import (
     SPLITS,
@@ -294,8 +294,25 @@ def write_report(run_dir: str | os.PathLike) -> Path:
                     f"epoch {best}" + (f", step {step}" if step is not None else ""),
                 )
             )
+        bar_clock = summary.get("bar_clock")
+        if isinstance(bar_clock, dict):
+            rows.append(("bar clock", bar_clock_text(bar_clock)))
+        data = summary.get("data") or {}
+        held = data.get("held_branches") or {}
+        if held:
+            rows.append(
+                (
+                    "held branches",
+                    ", ".join(f"{b} = {v}" for b, v in held.items())
+                    + " on every bar: close-only bars have no intrabar range to fill a limit "
+                    "order against (their Q-values are still learned)",
+                )
+            )
+        if data.get("volume") is False:
+            rows.append(("volume", "none in the data: the volume feature is left out"))
         known = {"best_epoch", "best_step", "epochs", "wall_time_s", "val", "test"}
-        known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance"}
+        known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance", "bar_clock"}
+        known |= {"data"}
         for k, v in summary.items():
             if k not in known and isinstance(v, (str, int, float, bool)):
                 rows.append((k, str(v)))

@@ -90,7 +90,7 @@ def statistics_table(stats: Mapping[str, Any]) -> list[str]:
         ["some baseline beats the agent (reverse)", *(fixed(some.get(k)) for k in kinds)]
     )
     lines += [
-        "Hansen's SPA (arch; mean daily return; per baseline H0: no seed beats it, so a small p "
+        "Hansen's SPA (arch; mean return per bar; per baseline H0: no seed beats it, so a small p "
         "says the agent beats that baseline):",
         "",
         *markdown_table(["baseline", "p consistent", "p lower", "p upper"], spa_rows),
@@ -110,7 +110,7 @@ def statistics_section(summary: Mapping[str, Any], splits: Sequence[str]) -> lis
         "## Statistics",
         "",
         "Sharpe annualised; intervals: "
-        f"{boot.get('method', 'stationary bootstrap')} of daily returns, {boot.get('reps')} "
+        f"{boot.get('method', 'stationary bootstrap')} of the bars' returns, {boot.get('reps')} "
         f"resamples (seed {boot.get('seed')}), mean block length from optimal_block_length "
         "(the mean's interval resamples the seeds jointly). PSR = P(true Sharpe > benchmark) "
         "with skewness and raw kurtosis; DSR = PSR against the best of N no-skill trials.",

@@ -89,13 +89,15 @@ def split_statistics(
     split: str,
     trials: tuple[np.ndarray | None, str],
     *,
+    bars_per_year: float,
     reps: int | None = None,
 ) -> dict[str, Any]:
     """The ``"statistics"`` entry of one split: the seeds' per-bar walks ``seed_logs`` (their
     ``return`` column, the same bars) against every baseline of ``base_logs`` (keyed ``(name,
     split)``, as :func:`jaxdqn.evaluation.baselines.run_baselines` fills it; the oracle's
-    execution rows left out), with the DSR's ``trials`` from :func:`selection_trials`;
-    ``reps`` (default ``cfg.eval.bootstrap_reps``) replications seeded with ``cfg.eval.key``."""
+    execution rows left out), with the DSR's ``trials`` from :func:`selection_trials`,
+    annualised with ``bars_per_year`` (the run's bar clock); ``reps`` (default
+    ``cfg.eval.bootstrap_reps``) replications seeded with ``cfg.eval.key``."""
     dates = seed_logs[0]["date"]
     returns = np.stack([log["return"].to_numpy(dtype=np.float64) for log in seed_logs], axis=1)
     trial_sharpes, what = trials
@@ -104,7 +106,7 @@ def split_statistics(
         _baseline_returns(base_logs, split, dates),
         trial_sharpes=trial_sharpes,
         trials=what,
-        periods_per_year=cfg.eval.periods_per_year,
+        periods_per_year=bars_per_year,
         reps=cfg.eval.bootstrap_reps if reps is None else reps,
         seed=cfg.eval.key,
     )

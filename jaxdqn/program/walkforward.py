@@ -38,6 +38,7 @@ import pandas as pd
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import Config, ConfigError
+from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import folds as folds_lib
 from jaxdqn.market import market as market_lib
@@ -64,6 +65,9 @@ class Plan(NamedTuple):
     folds: list[folds_lib.Fold]
     dates: pd.DatetimeIndex
     first_decision: int
+    bar_clock: clock_lib.BarClock
+    """One bar clock for every fold and the stitched results (inferred on fold 0's train
+    split when ``data.bars_per_year`` is auto)."""
 
 
 def make_plan(cfg: Config) -> Plan:
@@ -76,12 +80,17 @@ def make_plan(cfg: Config) -> Plan:
     first = market_lib.first_decision(cfg)
     folds = folds_lib.plan_folds(pd.DatetimeIndex(df.index), cfg.walkforward)
     folds_lib.check_folds(df, folds, cfg.data, first)
-    return Plan(cfg, folds, pd.DatetimeIndex(df.index), first)
+    bar_clock = market_lib.resolve_clock(df, cfg.data.bars_per_year, folds[0].train)
+    return Plan(cfg, folds, pd.DatetimeIndex(df.index), first, bar_clock)
 
 
-def fold_config(cfg: Config, fold: folds_lib.Fold) -> Config:
-    """``cfg`` with ``data.split = bars`` and the fold's ranges (the fold's run config)."""
-    return dataclasses.replace(cfg, data=fold.data_config(cfg.data))
+def fold_config(cfg: Config, fold: folds_lib.Fold, bars_per_year: float | None = None) -> Config:
+    """``cfg`` with ``data.split = bars`` and the fold's ranges (the fold's run config), and
+    ``data.bars_per_year`` set to the plan's clock when given."""
+    data = fold.data_config(cfg.data)
+    if bars_per_year is not None:
+        data = dataclasses.replace(data, bars_per_year=float(bars_per_year))
+    return dataclasses.replace(cfg, data=data)
 
 
 def fold_dir(run_dir: Path, k: int) -> Path:
@@ -119,6 +128,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
         "settings": config_lib.to_dict(plan.cfg.walkforward),
         "num_bars": len(plan.dates),
         "first_decision": plan.first_decision,
+        "bar_clock": plan.bar_clock.to_json(),
         "folds": rows,
     }
 
@@ -138,7 +148,7 @@ def _run_fold(
 
     k, total = fold.index, len(plan.folds)
     fdir = fold_dir(run_dir, k)
-    cfg = fold_config(plan.cfg, fold)
+    cfg = fold_config(plan.cfg, fold, plan.bar_clock.bars_per_year)
     if read_summary(fdir) is not None:
         if not (fdir / report.REPORT_FILE).exists():  # killed between summary and report
             report.write_report(fdir)

@@ -17,6 +17,7 @@ same way from their own walks through each fold (their returns recovered from th
     {
       "settings": {mode, unit, folds, train, val, test, purge, embargo},
       "num_bars": int, "first_decision": int, "num_seeds": int,
+      "bar_clock": {"bars_per_year", "inferred", "rule"},   # of every annualised number
       "folds": [{"fold": k, "dir": "fold_<k>",
                  "bars": {"train"|"val"|"test": [start, stop)},     # rows, as trained
                  "dates": {"train"|"val"|"test": [first, last]},    # train: first decidable
@@ -130,7 +131,7 @@ def stitch(
       FileNotFoundError: a fold has not finished.
       ValueError: a fold's walks are not its planned test segment.
     """
-    ppy = cfg.eval.periods_per_year
+    ppy = float(plan["bar_clock"]["bars_per_year"])
     rows, parts, base_parts = [], [], []
     trial_values: list[np.ndarray] = []
     growth_before: np.ndarray | None = None
@@ -212,11 +213,14 @@ def stitch(
         "selects its own best checkpoint on its own val)"
     )
     flat = np.concatenate(trial_values) if trial_values else None
-    stats = run_statistics.split_statistics(cfg, seed_logs, base_logs, "test", (flat, what))
+    stats = run_statistics.split_statistics(
+        cfg, seed_logs, base_logs, "test", (flat, what), bars_per_year=ppy
+    )
     result = {
         "settings": dict(plan["settings"]),
         "num_bars": plan["num_bars"],
         "first_decision": plan["first_decision"],
+        "bar_clock": dict(plan["bar_clock"]),
         "num_seeds": len(growth_before),
         "folds": rows,
         "stitched": {

@@ -77,7 +77,7 @@ def stress_seed(
         jax.random.PRNGKey(eval_cfg.key),
         prepared.dates,
         multiples,
-        periods_per_year=eval_cfg.periods_per_year,
+        periods_per_year=prepared.bars_per_year,
         policy_params=seed_policy_params(agent, state, s),
     )
 
