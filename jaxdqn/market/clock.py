@@ -40,7 +40,15 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-__all__ = ["MIN_SPAN_DAYS", "BarClock", "ClockError", "check_spacing", "infer", "resolve"]
+__all__ = [
+    "MIN_SPAN_DAYS",
+    "BarClock",
+    "ClockError",
+    "check_spacing",
+    "infer",
+    "resolve",
+    "spacing_text",
+]
 
 _HOUR = 3600.0
 _DAY = 24 * _HOUR
@@ -79,7 +87,7 @@ class BarClock(NamedTuple):
         return {"bars_per_year": self.bars_per_year, "inferred": self.inferred, "rule": self.rule}
 
 
-def _spacing(seconds: float) -> str:
+def spacing_text(seconds: float) -> str:
     """A spacing in words: ``5 min``, ``1 h``, ``1.5 d``."""
     if seconds < _HOUR:
         return f"{seconds / 60:.3g} min"
@@ -120,7 +128,7 @@ def infer(dates: pd.DatetimeIndex) -> BarClock:
         return BarClock(
             bpy,
             True,
-            f"inferred: intraday bars every {_spacing(step)}, {per_session:.4g} a session x "
+            f"inferred: intraday bars every {spacing_text(step)}, {per_session:.4g} a session x "
             f"{per_year:.4g} sessions a year = {bpy:.6g} bars a year",
         )
     if step < 4 * _DAY:
@@ -137,7 +145,7 @@ def infer(dates: pd.DatetimeIndex) -> BarClock:
         if lo <= step < hi:
             return BarClock(bpy, True, f"inferred: {name} bars, {bpy:g} a year")
     raise ClockError(
-        f"bars every {_spacing(step)} (median) fit no known clock (intraday, daily, weekly, "
+        f"bars every {spacing_text(step)} (median) fit no known clock (intraday, daily, weekly, "
         "monthly, quarterly, yearly)"
     )
 
@@ -177,8 +185,8 @@ def check_spacing(dates: pd.DatetimeIndex) -> tuple[int, str] | None:
 
     def changed(row: int, was: float) -> tuple[int, str]:
         return row, (
-            f"the bars' spacing changes from {_spacing(step)} (the file's median) to "
-            f"{_spacing(was)}: one file must hold bars of one frequency"
+            f"the bars' spacing changes from {spacing_text(step)} (the file's median) to "
+            f"{spacing_text(was)}: one file must hold bars of one frequency"
         )
 
     if step >= 20 * _HOUR:
@@ -207,7 +215,7 @@ def check_spacing(dates: pd.DatetimeIndex) -> tuple[int, str] | None:
         hits.append(
             (
                 row,
-                f"the bars change from intraday ({_spacing(step)} apart, the file's median) "
+                f"the bars change from intraday ({spacing_text(step)} apart, the file's median) "
                 "to one a day: one file must hold bars of one frequency",
             )
         )

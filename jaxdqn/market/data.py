@@ -31,11 +31,14 @@ __all__ = [
     "COLUMNS",
     "DataError",
     "as_close_only",
+    "bars_from_table",
     "close_only_bars",
+    "file_kind",
     "first_line",
     "info",
     "load",
     "load_ohlcv",
+    "read_source",
     "row_label",
     "synthetic",
     "validate_ohlcv",
@@ -60,7 +63,8 @@ _BUNDLED = {"sp500": "sp500.csv.gz"}
 # ---------------------------------------------------------------------------------------------
 
 
-def _file_kind(path: Path) -> str | None:
+def file_kind(path: Path) -> str | None:
+    """``csv`` or ``parquet`` from a file's suffix (None for another)."""
     name = path.name.lower()
     if name.endswith((".csv", ".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".txt")):
         return "csv"
@@ -358,22 +362,48 @@ def load_ohlcv(
         negative volume; ``high < max(open, close)`` or ``low > min(open, close)``; fewer than
         :data:`MIN_ROWS` rows.
     """
+    frame, name = read_source(source, fmt)
+    return bars_from_table(
+        frame,
+        name,
+        column_map,
+        date_format=date_format,
+        dayfirst=dayfirst,
+        close_only=close_only,
+    )
+
+
+def read_source(source: str | Path, fmt: str | None = None) -> tuple[pd.DataFrame, str]:
+    """``(table, name)`` of a bundled data set's name or a CSV/Parquet path (any failure is a
+    :class:`DataError` naming the file)."""
     if isinstance(source, str) and source in _BUNDLED:
         name = f"{source} (bundled {_BUNDLED[source]})"
         resource = importlib.resources.files("jaxdqn") / "assets" / _BUNDLED[source]
         with importlib.resources.as_file(resource) as path:
-            frame = _read_table(Path(path), "csv", name)
-    else:
-        path = Path(source)
-        name = str(path)
-        kind = fmt or _file_kind(path)
-        if kind not in ("csv", "parquet"):
-            raise DataError(
-                f"{name}: unknown file type (expected .csv, .csv.gz or .parquet, "
-                "or set data.source to csv or parquet)"
-            )
-        frame = _read_table(path, kind, name)
+            return _read_table(Path(path), "csv", name), name
+    path = Path(source)
+    name = str(path)
+    kind = fmt or file_kind(path)
+    if kind not in ("csv", "parquet"):
+        raise DataError(
+            f"{name}: unknown file type (expected .csv, .csv.gz or .parquet, "
+            "or set data.source to csv or parquet)"
+        )
+    return _read_table(path, kind, name), name
 
+
+def bars_from_table(
+    frame: pd.DataFrame,
+    name: str,
+    column_map: Mapping[str, str] | None = None,
+    *,
+    date_format: str | None = None,
+    dayfirst: bool | None = None,
+    close_only: bool | None = None,
+) -> pd.DataFrame:
+    """The validated bars of one instrument's ``frame`` (a table read from ``name``): columns,
+    dates, close-only construction and checks as :func:`load_ohlcv` describes."""
+    frame = frame.reset_index(drop=True)
     chosen = _resolve_columns(frame, column_map, name)
     index, notes = timestamps.parse_dates(
         frame[chosen["date"]], name, chosen["date"], date_format=date_format, dayfirst=dayfirst

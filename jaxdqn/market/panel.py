@@ -1,0 +1,184 @@
+"""Panels (E2, issue 29): many instruments, each read and validated like one file.
+
+The data layer of the panel market; the config keys (``data.path`` naming a panel,
+``data.symbol_column``) arrive with the panel's market and walks, so today no run reads this.
+A panel is
+
+* a directory: every ``.csv`` / ``.csv.gz`` / ``.parquet`` file in it, one instrument each,
+  named by the file's stem (``AAPL.csv.gz`` → ``AAPL``);
+* a glob (``data/*.parquet``): the files it matches, likewise;
+* one long file with a symbol column: its rows grouped by that column's value.
+
+Each instrument goes through :func:`jaxdqn.market.data.bars_from_table`: the same columns
+(``data.columns``), dates (``data.date_format``, ``data.dayfirst``), close-only rule and
+validation as a single file, and every error names the file and, in a long file, the symbol
+(its rows counted within the symbol). Instruments may start and end on different dates and
+have gaps. The panel must hold one bar frequency: each instrument passes
+:func:`jaxdqn.market.clock.check_spacing`, and every instrument's median spacing is within a
+factor of 2 of the panel's median. When some instruments have no open/high/low (or no
+volume) the whole panel is read close-only (or without the volume feature), with a note: one
+compiled program serves every instrument, so they share one observation and one execution
+rule. Instruments are ordered by name.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from jaxdqn.config import DataConfig
+from jaxdqn.market import clock as clock_lib
+from jaxdqn.market import data
+from jaxdqn.market.errors import DataError
+
+__all__ = ["Panel", "instrument_name", "is_panel", "load_panel", "panel_files"]
+
+_SUFFIXES = (".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv", ".txt", ".parquet", ".pq")
+
+
+class Panel(NamedTuple):
+    """The instruments of a panel, ordered by name.
+
+    Attributes:
+      names: instrument names (file stems or symbols), unique.
+      bars: each instrument's validated bars, as :func:`jaxdqn.market.data.load` returns them
+        (``attrs["source"]`` names the file and symbol).
+      notes: log lines (what was detected or converted for the whole panel).
+    """
+
+    names: tuple[str, ...]
+    bars: tuple[pd.DataFrame, ...]
+    notes: tuple[str, ...]
+
+
+def is_panel(path: str | None, symbol_column: str | None = None) -> bool:
+    """Whether ``path`` names a panel (a directory, a glob, or a long file with a
+    ``symbol_column``) rather than one instrument."""
+    if not path:
+        return False
+    return symbol_column is not None or Path(path).is_dir() or glob.has_magic(path)
+
+
+def instrument_name(path: Path) -> str:
+    """A file's instrument name: its name without the data suffix (``AAPL.csv.gz`` → ``AAPL``)."""
+    name = path.name
+    lower = name.lower()
+    for suffix in _SUFFIXES:
+        if lower.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
+
+
+def panel_files(spec: str) -> list[Path]:
+    """The files of a directory or a glob, sorted by name (data files only).
+
+    Raises:
+      DataError: no such directory, or nothing matched.
+    """
+    path = Path(spec)
+    if path.is_dir():
+        files = [p for p in path.iterdir() if p.is_file() and data.file_kind(p) is not None]
+        where = f"{spec}: no .csv, .csv.gz or .parquet files in the directory"
+    else:
+        files = [Path(p) for p in glob.glob(spec) if Path(p).is_file()]
+        where = f"{spec}: the pattern matches no file"
+    if not files:
+        raise DataError(where)
+    return sorted(files, key=lambda p: p.name)
+
+
+def _long_file(path: str, col: str) -> list[tuple[str, pd.DataFrame, str]]:
+    """``(symbol, rows, name)`` of a long file's instruments."""
+    frame, name = data.read_source(path)
+    labels = list(frame.columns)
+    hits = [lab for lab in labels if str(lab) == col] or [
+        lab for lab in labels if str(lab).strip().lower() == str(col).strip().lower()
+    ]
+    if len(hits) != 1:
+        raise DataError(
+            f"{name}: symbol column {col!r} "
+            + ("is ambiguous" if hits else f"not found; columns are {labels[:8]}")
+        )
+    symbols = frame[hits[0]]
+    missing = symbols.isna().to_numpy()
+    if missing.any():
+        raise DataError(f"{name}: row {int(np.argmax(missing))}: column {col!r}: no symbol")
+    rows = frame.drop(columns=[hits[0]])
+    out = []
+    for sym, group in rows.groupby(symbols.astype(str).str.strip(), sort=True):
+        out.append((str(sym), group, f"{name} [symbol {sym}]"))
+    return out
+
+
+def _files(spec: str) -> list[tuple[str, pd.DataFrame, str]]:
+    out, seen = [], {}
+    for path in panel_files(spec):
+        inst = instrument_name(path)
+        if inst in seen:
+            raise DataError(f"{path}: instrument {inst!r} again (also {seen[inst]})")
+        seen[inst] = path.name
+        frame, name = data.read_source(path)
+        out.append((inst, frame, name))
+    return out
+
+
+def _check_one_frequency(names: list[str], bars: list[pd.DataFrame]) -> None:
+    steps = []
+    for inst, df in zip(names, bars, strict=True):
+        index = pd.DatetimeIndex(df.index)
+        changed = clock_lib.check_spacing(index)
+        if changed is not None:
+            row, why = changed
+            src = df.attrs.get("source", inst)
+            raise DataError(f"{src}: {data.row_label(index, row)}: column 'date': {why}")
+        if len(index) > 1:
+            steps.append(float(np.median(np.diff(index.as_unit("ns").asi8))) / 1e9)
+        else:
+            steps.append(float("nan"))
+    median = float(np.nanmedian(steps)) if np.isfinite(steps).any() else float("nan")
+    for inst, df, step in zip(names, bars, steps, strict=True):
+        if np.isfinite(step) and not median / 2 <= step <= 2 * median:
+            raise DataError(
+                f"{df.attrs.get('source', inst)}: bars every {clock_lib.spacing_text(step)}, the "
+                f"panel's every {clock_lib.spacing_text(median)}: a panel holds one bar frequency"
+            )
+
+
+def load_panel(path: str, cfg: DataConfig, symbol_column: str | None = None) -> Panel:
+    """The panel at ``path`` (see the module docstring), each instrument read with ``cfg``'s
+    ``columns``, ``date_format``, ``dayfirst`` and ``close_only``.
+
+    Raises:
+      DataError: a file or symbol that does not load (naming it), two files of one instrument,
+        no instrument, or instruments of different bar frequencies.
+    """
+    tables = _long_file(path, symbol_column) if symbol_column is not None else _files(path)
+    if not tables:
+        raise DataError(f"{path}: a panel without instruments")
+    kw = dict(date_format=cfg.date_format, dayfirst=cfg.dayfirst, close_only=cfg.close_only)
+    names, bars = [], []
+    for inst, frame, name in tables:
+        bars.append(data.bars_from_table(frame, name, cfg.columns or None, **kw))
+        names.append(inst)
+    notes: list[str] = []
+    short = [n for n, b in zip(names, bars, strict=True) if data.info(b)[0]]
+    if short and len(short) < len(bars) and cfg.close_only is not False:
+        notes.append(
+            f"{path}: {', '.join(short)} have closes only: every instrument is read as "
+            "close-only bars (one execution rule for the panel)"
+        )
+        bars = [b if data.info(b)[0] else data.as_close_only(b) for b in bars]
+    no_volume = [n for n, b in zip(names, bars, strict=True) if not data.info(b)[1]]
+    if no_volume and len(no_volume) < len(bars):
+        notes.append(
+            f"{path}: {', '.join(no_volume)} have no volume: the volume feature is left out "
+            "for every instrument"
+        )
+        for b in bars:
+            b.attrs["volume"] = False
+    _check_one_frequency(names, bars)
+    return Panel(tuple(names), tuple(bars), tuple(notes))

@@ -1,0 +1,128 @@
+"""E2 panels (issue 29, the data layer): directories, globs and long files of many instruments,
+each validated like one file, with errors naming the file or symbol."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jaxdqn import config
+from jaxdqn.market import data, panel
+from jaxdqn.market.data import DataError
+
+
+def _bars(start: str, n: int, seed: int, freq: str = "B") -> pd.DataFrame:
+    """``n`` consistent OHLCV bars from ``start`` (a column ``date``)."""
+    rng = np.random.default_rng(seed)
+    close = 20 * np.exp(np.cumsum(0.01 * rng.standard_normal(n)))
+    open_ = close * np.exp(0.002 * rng.standard_normal(n))
+    return pd.DataFrame(
+        {
+            "date": pd.date_range(start, periods=n, freq=freq).strftime("%Y-%m-%d %H:%M"),
+            "open": open_,
+            "high": np.maximum(open_, close) * 1.01,
+            "low": np.minimum(open_, close) * 0.99,
+            "close": close,
+            "volume": rng.integers(100, 1000, n),
+        }
+    )
+
+
+def _load(path, symbol_column=None, *extra) -> panel.Panel:
+    cfg = config.load(None, list(extra)).data
+    return panel.load_panel(str(path), cfg, symbol_column)
+
+
+def _raises(path, *fragments, symbol_column=None) -> str:
+    with pytest.raises(DataError) as info:
+        _load(path, symbol_column)
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for frag in fragments:
+        assert frag in msg, (frag, msg)
+    return msg
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """Three instruments of different dates and lengths, one of them gzipped, one Parquet."""
+    d = tmp_path / "universe"
+    d.mkdir()
+    _bars("2010-01-04", 300, 0).to_csv(d / "MSFT.csv", index=False)
+    _bars("2012-06-01", 200, 1).to_csv(d / "AAPL.csv.gz", index=False)
+    _bars("2011-03-01", 250, 2).to_parquet(d / "KO.parquet", index=False)
+    (d / "README.md").write_text("not data")
+    return d
+
+
+def test_e2_panel_directory_and_glob_name_instruments_by_file_stem(folder):
+    assert panel.is_panel(str(folder)) and not panel.is_panel(str(folder / "MSFT.csv"))
+    assert panel.is_panel(str(folder / "*.csv")) and panel.is_panel("x.csv", "symbol")
+    p = _load(folder)
+    assert p.names == ("AAPL", "KO", "MSFT") and not p.notes
+    assert [len(b) for b in p.bars] == [200, 250, 300]
+    assert p.bars[0].index[0] == pd.Timestamp("2012-06-01")
+    # each instrument is exactly what loading its file alone gives
+    pd.testing.assert_frame_equal(p.bars[2], data.load_ohlcv(folder / "MSFT.csv"))
+    assert p.bars[1].attrs["source"].endswith("KO.parquet")
+    g = _load(folder / "*.csv*")
+    assert g.names == ("AAPL", "MSFT")
+
+
+def test_e2_panel_long_file_with_a_symbol_column(tmp_path):
+    parts = [_bars("2010-01-04", 120, k).assign(Ticker=t) for k, t in enumerate(("XOM", "JPM"))]
+    long = pd.concat(parts).sample(frac=1.0, random_state=0)  # rows in any order per symbol...
+    long = long.sort_values("date", kind="stable")  # ...but increasing dates within one
+    path = tmp_path / "long.csv"
+    long.to_csv(path, index=False)
+    p = _load(path, "ticker")  # any case
+    assert p.names == ("JPM", "XOM")
+    np.testing.assert_allclose(p.bars[1]["close"], parts[0]["close"], rtol=1e-15)
+    assert p.bars[0].attrs["source"] == f"{path} [symbol JPM]"
+
+
+def test_e2_panel_errors_name_the_file_or_symbol(tmp_path, folder):
+    bad = _bars("2015-01-05", 100, 3)
+    bad.loc[7, "low"] = bad.loc[7, "high"] * 2
+    bad.to_csv(folder / "BAD.csv", index=False)
+    _raises(folder, "BAD.csv", "row 7", "column 'low'")
+    (folder / "BAD.csv").unlink()
+    # the same instrument twice
+    _bars("2015-01-05", 100, 4).to_csv(folder / "MSFT.csv.gz", index=False)
+    _raises(folder, "instrument 'MSFT' again")
+    (folder / "MSFT.csv.gz").unlink()
+    # an instrument of another frequency, and one whose own frequency changes
+    _bars("2015-01-05 09:00", 400, 5, freq="h").to_csv(folder / "FX.csv", index=False)
+    _raises(folder, "FX.csv", "bars every 1 h, the panel's every 1 d")
+    mixed = pd.concat([_bars("2015-01-05", 100, 6), _bars("2015-06-01 09:00", 50, 6, freq="h")])
+    mixed.to_csv(folder / "FX.csv", index=False)
+    _raises(folder, "FX.csv", "row 101", "one frequency")
+    # nothing there, a pattern that matches nothing
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _raises(empty, "no .csv, .csv.gz or .parquet files")
+    _raises(tmp_path / "nope*.csv", "matches no file")
+    # a long file: a symbol's bad row, a missing symbol column, a row without a symbol
+    long = pd.concat([_bars("2010-01-04", 60, k).assign(sym=t) for k, t in enumerate("AB")])
+    long.loc[long["sym"] == "B", "close"] = -1.0
+    path = tmp_path / "long.csv"
+    long.to_csv(path, index=False)
+    _raises(path, "[symbol B]", "column 'close'", symbol_column="sym")
+    _raises(path, "symbol column 'ticker' not found", symbol_column="ticker")
+    long = long.assign(close=1.0, high=2.0, low=0.5, open=1.0)
+    long.iloc[5, long.columns.get_loc("sym")] = None
+    long.to_csv(path, index=False)
+    _raises(path, "row 5", "no symbol", symbol_column="sym")
+
+
+def test_e2_panel_reads_every_instrument_close_only_or_without_volume_when_some_are(folder):
+    closes = _bars("2013-01-02", 150, 7)[["date", "close"]]
+    closes.to_csv(folder / "IDX.csv", index=False)
+    p = _load(folder)
+    assert all(data.info(b)[0] for b in p.bars)  # every instrument close-only
+    assert not any(data.info(b)[1] for b in p.bars)  # and none with the volume feature
+    assert any("IDX have closes only" in n for n in p.notes)
+    assert any("IDX have no volume" in n for n in p.notes)
+    msft = p.bars[p.names.index("MSFT")]
+    np.testing.assert_array_equal(msft["open"].to_numpy()[1:], msft["close"].to_numpy()[:-1])
