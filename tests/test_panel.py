@@ -126,3 +126,38 @@ def test_e2_panel_reads_every_instrument_close_only_or_without_volume_when_some_
     assert any("IDX have no volume" in n for n in p.notes)
     msft = p.bars[p.names.index("MSFT")]
     np.testing.assert_array_equal(msft["open"].to_numpy()[1:], msft["close"].to_numpy()[:-1])
+
+
+def test_e2_panel_bundled_20_stocks_wide_table_of_adjusted_closes():
+    cfg = config.load(None).data
+    p = panel.load_wide("sp500_20", cfg)
+    assert p.names == tuple(sorted(p.names)) and len(p.names) == 20
+    assert {"AAPL", "MSFT", "XOM", "JPM"} <= set(p.names)
+    for bars in p.bars:
+        assert len(bars) == 8313 and data.info(bars)[:2] == (True, False)
+        assert bars.index[0] == pd.Timestamp("1990-01-02")
+        assert bars.index[-1] == pd.Timestamp("2022-12-28")
+    aapl = p.bars[p.names.index("AAPL")]
+    assert aapl["close"].iloc[0] == 0.264 and aapl["close"].iloc[-1] == 125.674
+    assert "sp500_20" in aapl.attrs["source"] and "[column AAPL]" in aapl.attrs["source"]
+
+
+def test_e2_panel_wide_table_gaps_and_errors(tmp_path):
+    dates = pd.bdate_range("2015-01-05", periods=80).strftime("%Y-%m-%d")
+    rng = np.random.default_rng(9)
+    wide = pd.DataFrame({"Date": dates, **{t: 10 + rng.random(80) for t in ("B", "A")}})
+    wide.loc[:19, "B"] = np.nan  # B starts later
+    wide.loc[40, "A"] = np.nan  # and A has a hole
+    path = tmp_path / "wide.csv"
+    wide.to_csv(path, index=False)
+    cfg = config.load(None).data
+    p = panel.load_wide(str(path), cfg)
+    assert p.names == ("A", "B") and [len(b) for b in p.bars] == [79, 60]
+    assert p.bars[1].index[0] == pd.Timestamp(dates[20])
+    wide.loc[50, "A"] = -3.0
+    wide.to_csv(path, index=False)
+    with pytest.raises(DataError, match=r"\[column A\]: row 49 .*column 'close': non-positive"):
+        panel.load_wide(str(path), cfg)
+    wide.drop(columns="Date").to_csv(path, index=False)
+    with pytest.raises(DataError, match="needs one date column"):
+        panel.load_wide(str(path), cfg)

@@ -50,12 +50,15 @@ COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "volume")
 _PRICES = ("open", "high", "low", "close")
 _CANONICAL = ("date", *COLUMNS)
 # Lower-cased, whitespace-stripped header spellings recognised without a column map.
-_DATE_ALIASES = ("date", "datetime", "timestamp", "time")
+DATE_ALIASES = ("date", "datetime", "timestamp", "time")
+"""Lower-cased header spellings of the date column recognised without a column map."""
 _ADJ_CLOSE_ALIASES = ("adj close", "adj_close", "adjclose", "adjusted close", "adjusted_close")
 MIN_ROWS = 2
 """Fewest bars :func:`load_ohlcv` accepts (one return). :func:`split` asks for more."""
 
-_BUNDLED = {"sp500": "sp500.csv.gz"}
+_BUNDLED = {"sp500": "sp500.csv.gz", "sp500_20": "sp500_20.csv.gz"}
+"""Bundled data sets (``jaxdqn/assets``, see its PROVENANCE.md): the S&P 500 index's bars, and
+the 20 stocks' adjusted closes of the wide panel table (:func:`jaxdqn.market.panel.load_wide`)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ def _resolve_columns(
                 return hits[0]
         return None
 
-    defaults = {c: (c,) for c in COLUMNS} | {"date": _DATE_ALIASES}
+    defaults = {c: (c,) for c in COLUMNS} | {"date": DATE_ALIASES}
     for canon in _CANONICAL:
         if canon in chosen:
             continue
@@ -183,7 +186,7 @@ def _resolve_columns(
             "none of them)"
         )
     if missing:
-        hint = "/".join(_DATE_ALIASES) if missing[0] == "date" else missing[0]
+        hint = "/".join(DATE_ALIASES) if missing[0] == "date" else missing[0]
         raise DataError(
             f"{name}: missing column {missing[0]!r} (looked for {hint}, any case; columns are "
             f"{_preview(labels)}; map yours with data.columns, e.g. {{Px: {missing[0]}}})"

@@ -7,7 +7,9 @@ A panel is
 * a directory: every ``.csv`` / ``.csv.gz`` / ``.parquet`` file in it, one instrument each,
   named by the file's stem (``AAPL.csv.gz`` → ``AAPL``);
 * a glob (``data/*.parquet``): the files it matches, likewise;
-* one long file with a symbol column: its rows grouped by that column's value.
+* one long file with a symbol column: its rows grouped by that column's value;
+* a wide table of closes (:func:`load_wide`; the bundled 20 stocks, ``"sp500_20"``): one
+  close-only instrument per column.
 
 Each instrument goes through :func:`jaxdqn.market.data.bars_from_table`: the same columns
 (``data.columns``), dates (``data.date_format``, ``data.dayfirst``), close-only rule and
@@ -35,7 +37,7 @@ from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data
 from jaxdqn.market.errors import DataError
 
-__all__ = ["Panel", "instrument_name", "is_panel", "load_panel", "panel_files"]
+__all__ = ["Panel", "instrument_name", "is_panel", "load_panel", "load_wide", "panel_files"]
 
 _SUFFIXES = (".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv", ".txt", ".parquet", ".pq")
 
@@ -146,6 +148,44 @@ def _check_one_frequency(names: list[str], bars: list[pd.DataFrame]) -> None:
                 f"{df.attrs.get('source', inst)}: bars every {clock_lib.spacing_text(step)}, the "
                 f"panel's every {clock_lib.spacing_text(median)}: a panel holds one bar frequency"
             )
+
+
+def load_wide(source: str, cfg: DataConfig) -> Panel:
+    """A wide table of closes as a panel: a date column and one column of closes per instrument
+    (the bundled ``"sp500_20"``, or a CSV/Parquet path), each column a close-only instrument
+    named by its header. Empty cells are gaps (that instrument has no bar there); the dates are
+    read as ``cfg``'s ``date_format`` and ``dayfirst`` say.
+
+    Raises:
+      DataError: no date column, no instrument column, or a column that does not load (naming
+        it and the row).
+    """
+    frame, name = data.read_source(source)
+    labels = [str(lab) for lab in frame.columns]
+    dates = [lab for lab in frame.columns if str(lab).strip().lower() in data.DATE_ALIASES]
+    if len(dates) != 1:
+        raise DataError(
+            f"{name}: a wide table of closes needs one date column; columns are {labels[:8]}"
+        )
+    others = [lab for lab in frame.columns if lab != dates[0]]
+    if not others:
+        raise DataError(f"{name}: a wide table of closes without instrument columns")
+    names, bars = [], []
+    for lab in sorted(others, key=str):
+        rows = frame[[dates[0], lab]].dropna(subset=[lab])
+        bars.append(
+            data.bars_from_table(
+                rows,
+                f"{name} [column {lab}]",
+                {str(dates[0]): "date", str(lab): "close"},
+                date_format=cfg.date_format,
+                dayfirst=cfg.dayfirst,
+                close_only=True,
+            )
+        )
+        names.append(str(lab))
+    _check_one_frequency(names, bars)
+    return Panel(tuple(names), tuple(bars), ())
 
 
 def load_panel(path: str, cfg: DataConfig, symbol_column: str | None = None) -> Panel:
