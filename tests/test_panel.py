@@ -161,3 +161,50 @@ def test_e2_panel_wide_table_gaps_and_errors(tmp_path):
     wide.drop(columns="Date").to_csv(path, index=False)
     with pytest.raises(DataError, match="needs one date column"):
         panel.load_wide(str(path), cfg)
+
+
+PANEL_CFG = ("data.split=fraction", "data.train_frac=0.6", "data.val_frac=0.2")
+
+
+def test_e2_panel_market_is_each_instrument_alone_concatenated(folder):
+    from jaxdqn.market import env, features, market, panel_market, splits
+
+    cfg = config.load(None, list(PANEL_CFG))
+    p = _load(folder)
+    pm = panel_market.prepare_panel(cfg, p)
+    assert pm.names == ("AAPL", "KO", "MSFT")
+    assert [i.offset for i in pm.instruments] == [0, 200, 450]
+    assert pm.market.num_bars == 750 and pm.bar_clock.bars_per_year == 252.0
+    first = market.first_decision(cfg)
+    for inst, bars in zip(pm.instruments, p.bars, strict=True):
+        # per-instrument normalisation on its own train rows, and its own sigma and ADV
+        sp = splits.split(bars, cfg.data, first)
+        feats = features.compute_features(bars, cfg.features, sp.train)
+        alone = env.make_market(bars, feats, cfg.env)
+        rows = slice(inst.offset, inst.offset + inst.num_bars)
+        for f in ("close", "open", "sigma", "adv", "features", "volume"):
+            np.testing.assert_array_equal(getattr(pm.market, f)[rows], getattr(alone, f), f)
+        np.testing.assert_array_equal(inst.features.mean, feats.mean)
+        assert inst.splits == sp
+    train, walk = pm.ranges("train"), pm.ranges("test", walk=True)
+    for k, inst in enumerate(pm.instruments):
+        lo, hi = inst.splits.train
+        assert tuple(train[k]) == (inst.offset + max(lo, first), inst.offset + hi)
+        # no observation window reaches into the previous instrument
+        assert train[k, 0] - (cfg.features.window - 1) >= inst.offset + features.warmup_length(
+            cfg.features
+        )
+        tlo, thi = inst.splits.test
+        assert tuple(walk[k]) == (inst.offset + tlo - 1, inst.offset + thi)
+        assert pm.instrument_of(int(train[k, 0])) == k == pm.instrument_of(int(walk[k, 1]) - 1)
+    with pytest.raises(ValueError, match="unknown split"):
+        pm.ranges("holdout")
+
+
+def test_e2_panel_market_refuses_an_instrument_too_short_for_its_splits_by_name(folder):
+    from jaxdqn.market import panel_market
+
+    _bars("2016-01-04", 90, 8).to_csv(folder / "TINY.csv", index=False)
+    cfg = config.load(None, list(PANEL_CFG))
+    with pytest.raises(DataError, match=r"TINY\.csv"):
+        panel_market.prepare_panel(cfg, _load(folder))

@@ -1,0 +1,142 @@
+"""A panel's market (E2, issue 29): every instrument's bars, features and splits in one set of
+device arrays, so one compiled program can trade any instrument.
+
+Instrument ``i`` (of ``I``, ordered by name) occupies rows ``[offset_i, offset_i + T_i)`` of the
+concatenated :class:`~jaxdqn.market.env.MarketData`. Everything that looks at more than one
+bar is computed inside each instrument before the concatenation: its splits (by date or by
+fraction, :func:`jaxdqn.market.splits.split`), its causal features normalised on **its own**
+train rows (:func:`jaxdqn.market.features.compute_features`), σ̂ and the trailing dollar volume
+(:func:`jaxdqn.market.env.make_market`). Its first decision bar is ``offset_i +
+first_decision`` (the features' warm-up plus the observation window), so no observation
+window reaches into the previous instrument. :meth:`PanelPrepared.ranges` gives the ``[I, 2]``
+global ``[lo, hi)`` decision ranges of a split, from which an episode picks an instrument and
+then a start as a single instrument's episode does.
+
+The bar clock is resolved on the instrument with the longest train split (every instrument has
+the panel's one bar frequency, :func:`jaxdqn.market.panel.load_panel`).
+
+Nothing trains on it yet: the panel's acting and walks (issue 29) build on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+
+from jaxdqn.config import Config
+from jaxdqn.market import clock as clock_lib
+from jaxdqn.market import data, env
+from jaxdqn.market import features as features_lib
+from jaxdqn.market import market as market_lib
+from jaxdqn.market import splits as splits_lib
+from jaxdqn.market.panel import Panel
+
+__all__ = ["Instrument", "PanelPrepared", "prepare_panel"]
+
+
+class Instrument(NamedTuple):
+    """One instrument of a panel market.
+
+    Attributes:
+      name: the instrument's name.
+      offset: its first row in the concatenated arrays.
+      bars: its validated bars ``[T_i]``.
+      splits: its train/val/test rows, in its own row numbers.
+      features: its features, normalised on its own train rows.
+    """
+
+    name: str
+    offset: int
+    bars: pd.DataFrame
+    splits: splits_lib.Splits
+    features: features_lib.Features
+
+    @property
+    def num_bars(self) -> int:
+        return len(self.bars)
+
+
+class PanelPrepared(NamedTuple):
+    """Everything the panel's programs read (the panel counterpart of
+    :class:`~jaxdqn.market.market.Prepared`).
+
+    Attributes:
+      instruments: the instruments, ordered by name.
+      market: their concatenated device arrays (``[sum T_i]`` rows).
+      env_params: static environment parameters (``hold_orders`` for close-only panels).
+      first_decision: the first decision bar within each instrument.
+      bar_clock: the panel's bar clock.
+      notes: log lines (the panel's, then the clock's).
+    """
+
+    instruments: tuple[Instrument, ...]
+    market: env.MarketData
+    env_params: env.EnvParams
+    first_decision: int
+    bar_clock: clock_lib.BarClock
+    notes: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.instruments)
+
+    def ranges(self, split: str, *, walk: bool = False) -> np.ndarray:
+        """int32 ``[I, 2]``: each instrument's global ``[lo, hi)`` of ``split`` — the episode
+        range of :meth:`Prepared.bar_range` or, with ``walk``, the walk range of
+        :meth:`Prepared.eval_range` (the first decision one bar before the split)."""
+        if split not in market_lib.SPLIT_NAMES:
+            raise ValueError(f"unknown split {split!r}; expected one of {market_lib.SPLIT_NAMES}")
+        out = []
+        for inst in self.instruments:
+            lo, hi = getattr(inst.splits, split)
+            lo = max(lo, self.first_decision)
+            if walk:
+                lo = max(lo - 1, self.first_decision)
+            out.append((inst.offset + lo, inst.offset + hi))
+        return np.asarray(out, dtype=np.int32)
+
+    def instrument_of(self, row: int) -> int:
+        """The index of the instrument holding global row ``row``."""
+        offsets = np.array([i.offset for i in self.instruments])
+        if not 0 <= row < self.market.num_bars:
+            raise IndexError(f"row {row} outside the panel's {self.market.num_bars} rows")
+        return int(np.searchsorted(offsets, row, side="right") - 1)
+
+
+def prepare_panel(cfg: Config, panel: Panel) -> PanelPrepared:
+    """The market of ``panel`` under ``cfg``'s data (splits), features, env and clock settings.
+
+    Raises:
+      DataError: an instrument too short for its splits or the features' warm-up (naming it),
+        or a bar clock that cannot be inferred.
+      ConfigError: an environment setting the data cannot support (impact without volume).
+    """
+    first = market_lib.first_decision(cfg)
+    instruments, markets, offset = [], [], 0
+    for name, bars in zip(panel.names, panel.bars, strict=True):
+        sp = splits_lib.split(bars, cfg.data, first)
+        feats = features_lib.compute_features(bars, cfg.features, sp.train)
+        markets.append(env.make_market(bars, feats, cfg.env))
+        instruments.append(Instrument(name, offset, bars, sp, feats))
+        offset += len(bars)
+    longest = max(instruments, key=lambda i: i.splits.train[1] - i.splits.train[0])
+    bar_clock = market_lib.resolve_clock(longest.bars, cfg.data.bars_per_year, longest.splits.train)
+    market = env.MarketData(
+        **{
+            f.name: jnp.concatenate([getattr(m, f.name) for m in markets], axis=0)
+            for f in dataclasses.fields(env.MarketData)
+        }
+    )
+    close_only = all(data.info(b)[0] for b in panel.bars)
+    env_params = env.EnvParams.from_config(cfg.env, cfg.features.window, hold_orders=close_only)
+    clock_note = (
+        f"panel of {len(instruments)} instruments: bar clock {bar_clock.bars_per_year:.6g} bars "
+        f"a year ({bar_clock.rule}, on {longest.name}'s train split)"
+    )
+    return PanelPrepared(
+        tuple(instruments), market, env_params, first, bar_clock, (*panel.notes, clock_note)
+    )
