@@ -208,3 +208,45 @@ def test_e2_panel_market_refuses_an_instrument_too_short_for_its_splits_by_name(
     cfg = config.load(None, list(PANEL_CFG))
     with pytest.raises(DataError, match=r"TINY\.csv"):
         panel_market.prepare_panel(cfg, _load(folder))
+
+
+@pytest.mark.parametrize("sampling", ["length", "uniform"])
+def test_e1_panel_episodes_draw_an_instrument_and_never_cross_into_another(folder, sampling):
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdqn.market import env, panel_market
+
+    cfg = config.load(None, [*PANEL_CFG, "env.episode_length=16"])
+    pm = panel_market.prepare_panel(cfg, _load(folder), sampling)
+    params, market = pm.env_params, pm.market
+    train = pm.ranges("train")
+    n = 4000
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+    reset = jax.vmap(env.reset, in_axes=(None, None, None, None, 0))
+    states, _ = reset(params, market, 0, 1, keys)  # lo, hi unused on a panel
+
+    def instrument(lo, hi):
+        idx = np.clip(np.searchsorted(train[:, 0], lo), 0, len(train) - 1)
+        assert np.array_equal(train[idx], np.stack([lo, hi], 1)), "not an instrument's range"
+        return idx
+
+    picked = instrument(np.asarray(states.lo), np.asarray(states.hi))
+    length = (train[:, 1] - train[:, 0]).astype(np.float64)
+    p = length / length.sum() if sampling == "length" else np.full(3, 1 / 3)
+    freq = np.bincount(picked, minlength=3) / n
+    np.testing.assert_array_less(np.abs(freq - p), 4 * np.sqrt(p * (1 - p) / n))
+    # 100 steps with auto-reset (about 6 episodes each): every bar played stays inside its
+    # episode's instrument range, and the instruments are drawn anew at each reset
+    m = 500
+    states = jax.tree.map(lambda x: x[:m], states)
+    step = jax.jit(jax.vmap(env.step_autoreset, in_axes=(None, None, 0, 0, 0)), static_argnums=0)
+    action = jnp.tile(jnp.array([2, 2, 0, 2], jnp.int32), (m, 1))
+    switched = np.zeros(m, bool)
+    first = instrument(np.asarray(states.lo), np.asarray(states.hi))
+    for _ in range(100):
+        states, *_ = step(params, market, states, action, jnp.ones(m, jnp.float32))
+        t, lo, hi = (np.asarray(x) for x in (states.t, states.lo, states.hi))
+        assert np.all((lo <= t) & (t < hi))
+        switched |= instrument(lo, hi) != first
+    assert switched.mean() > 0.5

@@ -58,12 +58,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxdqn.config import ConfigError, EnvConfig
+from jaxdqn.config import EnvConfig
+from jaxdqn.market.market_data import MarketData, draw_episode_range, make_market
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from jaxdqn.market.features import Features
+    pass
 
 __all__ = [
     "EnvParams",
@@ -86,39 +85,6 @@ REBALANCE_TOL = 1e-5
 RUIN_FLOOR = 1e-6
 # Number of position/fill entries appended to the feature window in the observation.
 NUM_STATE_ENTRIES = 3
-
-
-@struct.dataclass
-class MarketData:
-    """Bars and causal per-bar inputs of one instrument, as device arrays.
-
-    Attributes (float32, ``[T]`` unless noted):
-      open, high, low, close, volume: the bars.
-      sigma: ``σ̂_t``, causal per-bar volatility (fraction) using bars ≤ t; 0 before warm-up.
-      adv: average dollar volume per bar, the mean of ``close · volume`` over the last
-        ``env.adv_window`` bars up to and including t (fewer at the start).
-      features: ``[T, F]`` normalised causal features (row t uses bars ≤ t).
-      oracle: the synthetic market's oracle direction for the decision after bar t
-        (zeros on real data).
-    """
-
-    open: jax.Array
-    high: jax.Array
-    low: jax.Array
-    close: jax.Array
-    volume: jax.Array
-    sigma: jax.Array
-    adv: jax.Array
-    features: jax.Array
-    oracle: jax.Array
-
-    @property
-    def num_bars(self) -> int:
-        return self.close.shape[0]
-
-    @property
-    def num_features(self) -> int:
-        return self.features.shape[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,61 +153,6 @@ class EnvState:
     last_expired: jax.Array
     key: jax.Array
     episode_return: jax.Array
-
-
-# ---------------------------------------------------------------------------------------------
-# Building the market
-# ---------------------------------------------------------------------------------------------
-
-
-def make_market(df: pd.DataFrame, features: Features, env_cfg: EnvConfig) -> MarketData:
-    """Device arrays for the environment from validated bars and their causal features.
-
-    Args:
-      df: bars with float columns ``open, high, low, close, volume`` (``T`` rows) and, for the
-        synthetic market, ``oracle``.
-      features: ``Features`` with ``values [T, F]`` and ``sigma [T]`` (NaN before warm-up is
-        replaced by 0; those bars are never decision bars).
-      env_cfg: ``cfg.env`` (uses ``adv_window``; checks volume when impact is on).
-
-    Raises:
-      ConfigError: impact is on (``env.impact_eta > 0``) but some bar's trailing dollar volume
-        is zero, so ``traded / ADV`` is undefined.
-      ValueError: ``features`` does not have one row per bar (a programming error).
-    """
-    num_bars = len(df)
-    values = np.asarray(features.values, dtype=np.float32)
-    sigma = np.asarray(features.sigma, dtype=np.float64)
-    if values.ndim != 2 or values.shape[0] != num_bars or sigma.shape != (num_bars,):
-        raise ValueError(
-            f"features must have one row per bar: {num_bars} bars, "
-            f"values {values.shape}, sigma {sigma.shape}"
-        )
-    col = {c: df[c].to_numpy(dtype=np.float64) for c in ("open", "high", "low", "close", "volume")}
-    dollar = col["close"] * col["volume"]
-    csum = np.concatenate([[0.0], np.cumsum(dollar)])
-    idx = np.arange(num_bars)
-    start = np.maximum(idx + 1 - int(env_cfg.adv_window), 0)
-    adv = (csum[idx + 1] - csum[start]) / (idx + 1 - start)
-    if env_cfg.impact_eta > 0 and np.any(adv <= 0):
-        first = int(np.argmax(adv <= 0))
-        raise ConfigError(
-            f"env.impact_eta: square-root impact needs positive dollar volume, but the trailing "
-            f"{env_cfg.adv_window}-bar volume at row {first} is zero (set env.impact_eta=0)"
-        )
-    oracle = df["oracle"].to_numpy(dtype=np.float64) if "oracle" in df else np.zeros(num_bars)
-    f32 = lambda x: jnp.asarray(np.asarray(x, dtype=np.float32))
-    return MarketData(
-        open=f32(col["open"]),
-        high=f32(col["high"]),
-        low=f32(col["low"]),
-        close=f32(col["close"]),
-        volume=f32(col["volume"]),
-        sigma=f32(np.nan_to_num(sigma, nan=0.0, posinf=0.0, neginf=0.0)),
-        adv=f32(adv),
-        features=jnp.asarray(values),
-        oracle=f32(oracle),
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,10 +225,22 @@ def _draw_start(params: EnvParams, key: jax.Array, lo, hi) -> jax.Array:
     return first + (jax.random.bits(key, (), jnp.uint32) % span).astype(jnp.int32)
 
 
+def _episode_start(params: EnvParams, market: MarketData, key: jax.Array, lo, hi):
+    """``(t0, lo, hi)`` of a new episode: a start in ``[lo, hi)`` or, on a panel market, in
+    the range of an instrument drawn with a split of ``key`` (one instrument: the same draws
+    as ever)."""
+    if market.episode_ranges is not None:
+        key, pick = jax.random.split(key)
+        lo, hi = draw_episode_range(market, pick)
+    return _draw_start(params, key, lo, hi), lo, hi
+
+
 def reset(
     params: EnvParams, market: MarketData, lo, hi, key: jax.Array
 ) -> tuple[EnvState, jax.Array]:
-    """Start an episode at a random bar of the split ``[lo, hi)``.
+    """Start an episode at a random bar of the split ``[lo, hi)`` (on a panel market: of the
+    range of an instrument drawn first, :func:`~jaxdqn.market.market_data.draw_episode_range`;
+    ``lo, hi`` are then not used).
 
     The start is uniform in ``[max(lo, window − 1), hi − 1 − H]`` (``H = episode_length``) so
     that the whole episode, including bar ``t + 1`` of its last step, stays inside the split;
@@ -328,7 +251,7 @@ def reset(
       ``(state, obs)`` with a flat account (cash 1, shares 0, equity 1).
     """
     key, sub = jax.random.split(key)
-    state = _initial_state(_draw_start(params, sub, lo, hi), lo, hi, key)
+    state = _initial_state(*_episode_start(params, market, sub, lo, hi), key)
     return state, observe(params, market, state)
 
 
@@ -486,7 +409,9 @@ def step(
 def step_autoreset(
     params: EnvParams, market: MarketData, state: EnvState, action: jax.Array, scale: jax.Array
 ) -> tuple[EnvState, jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
-    """:func:`step`, but a finished episode restarts at a fresh random bar of its split.
+    """:func:`step`, but a finished episode restarts at a fresh random bar of its split (on a
+    panel market: of a freshly drawn instrument's train range, so an episode never crosses from
+    one instrument into another).
 
     ``reward``, ``done`` and ``info`` describe the transition just made; the returned state and
     observation are the new episode's first when ``done``. The start is drawn with a split of
@@ -495,6 +420,6 @@ def step_autoreset(
     """
     nxt, reward, done, info = _transition(params, market, state, action, scale)
     key, sub = jax.random.split(state.key)
-    fresh = _initial_state(_draw_start(params, sub, state.lo, state.hi), state.lo, state.hi, key)
+    fresh = _initial_state(*_episode_start(params, market, sub, state.lo, state.hi), key)
     nxt = jax.tree_util.tree_map(lambda a, b: jnp.where(done, a, b), fresh, nxt)
     return nxt, observe(params, market, nxt), reward, done, info

@@ -33,9 +33,10 @@ from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
 from jaxdqn.market import market as market_lib
 from jaxdqn.market import splits as splits_lib
+from jaxdqn.market.market_data import with_episodes
 from jaxdqn.market.panel import Panel
 
-__all__ = ["Instrument", "PanelPrepared", "prepare_panel"]
+__all__ = ["SAMPLING", "Instrument", "PanelPrepared", "prepare_panel"]
 
 
 class Instrument(NamedTuple):
@@ -107,8 +108,14 @@ class PanelPrepared(NamedTuple):
         return int(np.searchsorted(offsets, row, side="right") - 1)
 
 
-def prepare_panel(cfg: Config, panel: Panel) -> PanelPrepared:
-    """The market of ``panel`` under ``cfg``'s data (splits), features, env and clock settings.
+SAMPLING = ("length", "uniform")
+"""How a training episode picks its instrument: in proportion to its train bars, or uniformly."""
+
+
+def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelPrepared:
+    """The market of ``panel`` under ``cfg``'s data (splits), features, env and clock settings;
+    its training episodes draw an instrument by ``sampling`` (:data:`SAMPLING`) and then a start
+    in that instrument's train range (:func:`~jaxdqn.market.market_data.with_episodes`).
 
     Raises:
       DataError: an instrument too short for its splits or the features' warm-up (naming it),
@@ -129,6 +136,7 @@ def prepare_panel(cfg: Config, panel: Panel) -> PanelPrepared:
         **{
             f.name: jnp.concatenate([getattr(m, f.name) for m in markets], axis=0)
             for f in dataclasses.fields(env.MarketData)
+            if not f.name.startswith("episode_")
         }
     )
     close_only = all(data.info(b)[0] for b in panel.bars)
@@ -137,6 +145,11 @@ def prepare_panel(cfg: Config, panel: Panel) -> PanelPrepared:
         f"panel of {len(instruments)} instruments: bar clock {bar_clock.bars_per_year:.6g} bars "
         f"a year ({bar_clock.rule}, on {longest.name}'s train split)"
     )
-    return PanelPrepared(
+    out = PanelPrepared(
         tuple(instruments), market, env_params, first, bar_clock, (*panel.notes, clock_note)
     )
+    train = out.ranges("train")
+    if sampling not in SAMPLING:
+        raise ValueError(f"sampling: {sampling!r} is not one of {SAMPLING}")
+    weights = train[:, 1] - train[:, 0] if sampling == "length" else np.ones(len(train))
+    return out._replace(market=with_episodes(market, train, weights))
