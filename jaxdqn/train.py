@@ -67,24 +67,14 @@ def _resume_config(
     if not saved_path.exists():
         raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a jaxdqn run directory)")
     saved = config_lib.load(saved_path)
-    wanted = config_lib.load(config_path, overrides) if config_path else None
-    if wanted is None:
-        for item in overrides:
-            key = item.split("=", 1)[0].strip()
-            if key not in RESUMABLE_KEYS and config_lib.load(saved_path, [item]) != saved:
-                raise ConfigError(
-                    f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)})"
-                )
-        return config_lib.load(saved_path, overrides)
+    wanted = config_lib.load(config_path or saved_path, overrides)
     for key, old, new in config_lib.differences(saved, wanted):
         if key not in RESUMABLE_KEYS:
             raise ConfigError(
                 f"{key}: cannot be changed when resuming (only {', '.join(RESUMABLE_KEYS)}); "
-                f"the run has {old!r}, --config and the overrides give {new!r}"
+                f"the run has {old!r}, this command gives {new!r}"
             )
-    return config_lib.load(
-        saved_path, [f"{k}={v}" for k, _, v in config_lib.differences(saved, wanted)]
-    )
+    return wanted
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -443,7 +443,7 @@ def test_e1_e3_close_only_universe_file_trains_reports_and_holds_the_order_branc
     for split in ("val", "test"):
         log = pd.read_csv(run / f"eval_{split}.csv")
         assert (log["order"] == 0).all() and (log["urgency"] == 2).all(), split
-        assert log["direction"].nunique() >= 1 and np.isfinite(log["equity"]).all()
+        assert np.isfinite(log["equity"]).all()
     report = (run / "report.md").read_text()
     assert "| held branches | order = market, urgency = high on every bar" in report
     assert "| bar clock | 252 bars a year (inferred: daily bars" in report

@@ -34,7 +34,6 @@ __all__ = [
     "bars_from_table",
     "close_only_bars",
     "file_kind",
-    "first_line",
     "info",
     "load",
     "load_ohlcv",
@@ -49,9 +48,8 @@ COLUMNS: tuple[str, ...] = ("open", "high", "low", "close", "volume")
 
 _PRICES = ("open", "high", "low", "close")
 _CANONICAL = ("date", *COLUMNS)
-# Lower-cased, whitespace-stripped header spellings recognised without a column map.
 DATE_ALIASES = ("date", "datetime", "timestamp", "time")
-"""Lower-cased header spellings of the date column recognised without a column map."""
+"""Lower-cased, stripped header spellings of the date column recognised without a column map."""
 _ADJ_CLOSE_ALIASES = ("adj close", "adj_close", "adjclose", "adjusted close", "adjusted_close")
 MIN_ROWS = 2
 """Fewest bars :func:`load_ohlcv` accepts (one return). :func:`split` asks for more."""

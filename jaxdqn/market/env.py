@@ -50,7 +50,7 @@ split and any data of the same shape.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
 import jax
@@ -60,9 +60,6 @@ from flax import struct
 
 from jaxdqn.config import EnvConfig
 from jaxdqn.market.market_data import MarketData, draw_episode_range, make_market
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "EnvParams",

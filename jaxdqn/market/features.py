@@ -46,6 +46,7 @@ import numpy as np
 import pandas as pd
 
 from jaxdqn.config import FeatureConfig
+from jaxdqn.market import data
 from jaxdqn.market.data import COLUMNS, DataError
 
 __all__ = [
@@ -116,8 +117,8 @@ def feature_names(cfg: FeatureConfig, volume: bool = True) -> tuple[str, ...]:
 
 
 def has_volume(df: pd.DataFrame) -> bool:
-    """Whether the bars ``df`` came with volume (``df.attrs["volume"]``, default True)."""
-    return bool(df.attrs.get("volume", True))
+    """Whether the bars ``df`` came with volume (:func:`jaxdqn.market.data.info`)."""
+    return data.info(df)[1]
 
 
 def warmup_length(cfg: FeatureConfig) -> int:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from jaxdqn.config import DataConfig
-from jaxdqn.market.data import DataError, first_line
+from jaxdqn.market.errors import DataError, first_line
 
 __all__ = ["Splits", "split"]
 

@@ -40,6 +40,7 @@ from jaxdqn import config as config_lib
 from jaxdqn.config import Config
 from jaxdqn.program import tensorboard as tb
 from jaxdqn.program.formats import to_jsonable
+from jaxdqn.program.results import write_text_atomic
 
 __all__ = [
     "EVENTS_FILE",
@@ -195,10 +196,7 @@ class RunLogger:
     def write_file(self, name: str, text: str) -> None:
         """Write ``text`` to ``name`` in the run directory (e.g. the resolved config), atomically:
         a crash leaves the old file or the new one, never half of one."""
-        path = self.run_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text_atomic(self.run_dir / name, text)
 
     def log_epoch(self, record: Mapping[str, Any]) -> None:
         """Append ``record`` (must hold an integer ``epoch`` > :attr:`last_epoch`) and send its

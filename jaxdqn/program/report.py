@@ -311,8 +311,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
         if data.get("volume") is False:
             rows.append(("volume", "none in the data: the volume feature is left out"))
         known = {"best_epoch", "best_step", "epochs", "wall_time_s", "val", "test"}
-        known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance", "bar_clock"}
-        known |= {"data"}
+        known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance"}
+        known |= {"bar_clock", "data"}
         for k, v in summary.items():
             if k not in known and isinstance(v, (str, int, float, bool)):
                 rows.append((k, str(v)))
