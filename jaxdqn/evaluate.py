@@ -5,8 +5,11 @@ writes ``RUN_DIR/eval/eval_<split>.csv`` and ``metrics_<split>.json``: each seed
 ``statistics``, the population statistics of the split against the baselines walked on the same
 bars (bootstrap intervals, PSR, DSR over the run's val trials in ``metrics.jsonl``, SPA;
 :mod:`jaxdqn.program.run_statistics`). Data, env (costs) and eval keys may be overridden
-(evaluate on another instrument); the network must match the checkpoint. Bad config or data:
-one line on stderr, exit code 2.
+(evaluate on another instrument, or on another panel); the network must match the checkpoint.
+On a panel the log has an ``instrument`` column, the statistics are those of the equal-weight
+portfolios, and ``metrics_<split>.json`` adds ``instruments`` (each instrument's agent and
+baseline metrics) and ``panel`` (the cross-section; :mod:`jaxdqn.program.panel_results`). Bad
+config or data: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ def _main(argv) -> int:
     from jaxdqn import config as config_lib
     from jaxdqn.agent.build import build_agent, make_init
     from jaxdqn.evaluation.baselines import run_baselines
+    from jaxdqn.evaluation.panel_baselines import run_panel_baselines
     from jaxdqn.market import market as market_lib
-    from jaxdqn.program import checkpoint, run_statistics, runtime
+    from jaxdqn.program import checkpoint, panel_results, run_statistics, runtime
     from jaxdqn.program.results import write_eval_log
     from jaxdqn.program.walks import walk_seed
 
@@ -97,10 +101,18 @@ def _main(argv) -> int:
     results = [walk_seed(agent, prepared, cfg.eval, state, args.split, s) for s in range(num_seeds)]
     log_path = write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
     base_logs: dict = {}
-    run_baselines(cfg, prepared, splits=(args.split,), logs=base_logs)
+    stat_logs, panel = [r.log for r in results], {}
+    if prepared.is_panel:
+        base = run_panel_baselines(cfg, prepared, splits=(args.split,))
+        portfolios = panel_results.portfolio_logs({args.split: results}, base)
+        stat_logs, base_logs = portfolios[0][args.split], portfolios[1]
+        walks = {args.split: results}
+        panel = panel_results.panel_entries(cfg, prepared, walks, base, portfolios)
+    else:
+        run_baselines(cfg, prepared, splits=(args.split,), logs=base_logs)
     stats = run_statistics.split_statistics(
         cfg,
-        [r.log for r in results],
+        stat_logs,
         base_logs,
         args.split,
         run_statistics.selection_trials(run_dir),
@@ -114,6 +126,7 @@ def _main(argv) -> int:
         "bar_clock": prepared.bar_clock.to_json(),
         "seeds": [r.metrics for r in results],
         "statistics": stats,
+        **panel,
     }
     metrics_path = out / f"metrics_{args.split}.json"
     metrics_path.write_text(json.dumps(payload, indent=2, default=float))

@@ -250,3 +250,251 @@ def test_e1_panel_episodes_draw_an_instrument_and_never_cross_into_another(folde
         assert np.all((lo <= t) & (t < hi))
         switched |= instrument(lo, hi) != first
     assert switched.mean() > 0.5
+
+
+SMALL = (
+    "model.bottleneck_dim=16",
+    "model.sh1=16",
+    "model.sh2=8",
+    "model.ah=8",
+    "model.vsn_hidden=4",
+    "model.denoise_hidden=4",
+    "model.xlstm_hidden=4",
+    "features.window=4",
+)
+
+
+def _alone(cfg, bars):
+    """One instrument's market on its own: (market, eval range) as a one-file run has them."""
+    from jaxdqn.market import env, features, market, splits
+
+    first = market.first_decision(cfg)
+    sp = splits.split(bars, cfg.data, first)
+    feats = features.compute_features(bars, cfg.features, sp.train)
+    lo, hi = max(sp.test[0], first), sp.test[1]
+    return env.make_market(bars, feats, cfg.env), (max(lo - 1, first), hi)
+
+
+def test_e3_panel_walks_equal_single_instrument_walks(folder):
+    """One vmapped program walks every instrument; each instrument's walk is the walk of that
+    instrument alone (its own market, range and key): a signal-following policy with traced
+    arrays and the agent's own greedy network policy. The actions are identical; the floats
+    agree to float32 rounding (vectorised over instruments, XLA's log/exp and the network's
+    products round differently in the last bit: ≤ 1.2e-7 in position, 1e-9 in returns)."""
+    import jax
+
+    from jaxdqn.agent.build import build_agent, make_init
+    from jaxdqn.evaluation import baselines, panel_walk
+    from jaxdqn.evaluation import walk as walk_lib
+    from jaxdqn.market import panel_market
+    from jaxdqn.program.walks import seed_policy_params
+
+    cfg = config.load(None, [*PANEL_CFG, *SMALL])
+    pm = panel_market.prepare_panel(cfg, _load(folder))
+    agent = build_agent(cfg, pm)
+    state = make_init(agent, num_seeds=1)(pm.market, jax.random.split(jax.random.PRNGKey(3), 1))
+    rng = np.random.default_rng(0)
+    sig = baselines.Signal(
+        rng.integers(0, 3, pm.market.num_bars).astype(np.int32),
+        rng.uniform(0.2, 1.0, pm.market.num_bars).astype(np.float32),
+    )
+    key = jax.random.PRNGKey(cfg.eval.key)
+    offsets = [i.offset for i in pm.instruments]
+    dates = [pm.dates_of(i) for i in range(3)]
+    policies = {
+        "signal": (baselines.follow_signal, baselines.device_signal(sig), None),
+        "agent": (agent.acting.eval_policy, seed_policy_params(agent, state, 0), None),
+    }
+    for what, (fn, params, _) in policies.items():
+        walks = panel_walk.stress_walk_panel(
+            pm.market,
+            pm.env_params,
+            pm.ranges("test", walk=True),
+            offsets,
+            dates,
+            fn,
+            key,
+            (0.0, 1.0),
+            periods_per_year=252,
+            policy_params=params,
+        )
+        assert len(walks) == 2 and len(walks[1]) == 3
+        for i, inst in enumerate(pm.instruments):
+            market, (lo, hi) = _alone(cfg, inst.bars)
+            own = params
+            if what == "signal":  # the signal's rows of this instrument
+                rows = slice(inst.offset, inst.offset + inst.num_bars)
+                own = baselines.device_signal(
+                    sig._replace(direction=sig.direction[rows], scale=sig.scale[rows])
+                )
+            for m, k in enumerate((0.0, 1.0)):
+                from jaxdqn.evaluation import cost_stress
+
+                ref = cost_stress.stress_walk(
+                    market,
+                    pm.env_params,
+                    lo,
+                    hi,
+                    fn,
+                    key,
+                    dates[i],
+                    (k,),
+                    periods_per_year=252,
+                    policy_params=own,
+                )[0]
+                got = walks[m][i]
+                assert len(got.log) == len(ref.log) == hi - 1 - lo, (what, i)
+                pd.testing.assert_frame_equal(
+                    got.log, ref.log, check_exact=False, rtol=1e-5, atol=1e-6
+                )
+                np.testing.assert_array_equal(
+                    got.log[["direction", "magnitude", "order", "urgency"]].to_numpy(),
+                    ref.log[["direction", "magnitude", "order", "urgency"]].to_numpy(),
+                )
+                for name, v in ref.metrics.items():
+                    np.testing.assert_allclose(got.metrics[name], v, rtol=1e-4, atol=1e-7)
+        assert tuple(walks[1][0].log.columns) == walk_lib.LOG_COLUMNS
+    res = panel_walk.cross_section(walks[1], pm.names, "median")
+    assert list(res.log["instrument"].unique()) == list(pm.names)
+    sharpe = [w.metrics["sharpe"] for w in walks[1]]
+    assert res.metrics["sharpe"] == pytest.approx(float(np.median(sharpe)))
+    assert panel_walk.cross_section(walks[1], pm.names).metrics["sharpe"] == pytest.approx(
+        float(np.mean(sharpe))
+    )
+
+
+def test_e2_panel_normalises_each_instrument_on_its_own_train_rows_only(folder):
+    from jaxdqn.market import panel_market
+
+    cfg = config.load(None, list(PANEL_CFG))
+    base = panel_market.prepare_panel(cfg, _load(folder))
+    # change KO after its train split and every bar of MSFT: AAPL's features do not move, nor
+    # KO's normalisation; KO's train rows moved would move it
+    ko = pd.read_parquet(folder / "KO.parquet")
+    train_end = base.instruments[1].splits.train[1]
+    later = ko.copy()
+    later.loc[train_end:, ["open", "high", "low", "close"]] *= 3.0
+    later.to_parquet(folder / "KO.parquet", index=False)
+    msft = pd.read_csv(folder / "MSFT.csv")
+    msft[["open", "high", "low", "close"]] *= 0.5
+    msft["volume"] *= 7
+    msft.to_csv(folder / "MSFT.csv", index=False)
+    moved = panel_market.prepare_panel(cfg, _load(folder))
+    a0, a1 = base.instruments[0], moved.instruments[0]
+    np.testing.assert_array_equal(a0.features.values, a1.features.values)
+    k0, k1 = base.instruments[1], moved.instruments[1]
+    np.testing.assert_array_equal(k0.features.mean, k1.features.mean)
+    np.testing.assert_array_equal(k0.features.std, k1.features.std)
+    early = ko.copy()
+    early.loc[: train_end // 2, ["open", "high", "low", "close"]] *= 1.5
+    early.loc[: train_end // 2, "volume"] *= 5
+    early.to_parquet(folder / "KO.parquet", index=False)
+    again = panel_market.prepare_panel(cfg, _load(folder))
+    assert not np.array_equal(again.instruments[1].features.mean, k0.features.mean)
+
+
+def test_e2_panel_min_bars_drops_short_instruments_with_a_note(folder):
+    from jaxdqn.market import panel_market
+
+    _bars("2016-01-04", 90, 8).to_csv(folder / "TINY.csv", index=False)
+    _bars("2016-01-04", 40, 9).to_csv(folder / "WEE.csv", index=False)
+    cfg = config.load(None, [*PANEL_CFG, "data.min_bars=60"])
+    pm = panel_market.prepare_panel(cfg, _load(folder))
+    assert pm.names == ("AAPL", "KO", "MSFT")
+    notes = " | ".join(pm.notes())
+    assert "dropped instrument WEE (40 bars < data.min_bars=60)" in notes
+    assert "dropped instrument TINY (" in notes  # too short for its splits' warm-up
+    cfg = config.load(None, [*PANEL_CFG, "data.min_bars=100000"])
+    with pytest.raises(DataError, match="no instrument left"):
+        panel_market.prepare_panel(cfg, _load(folder))
+
+
+def test_e2_synthetic_panel_from_the_config():
+    from jaxdqn.market import market
+
+    spec = (
+        "data.synthetic.panel=[{name: b, phi: 0.3, num_bars: 600, start_date: '2004-01-05'},"
+        " {name: a, vol: 0.02}, {name: c, phi: 0.0, seed: 5}]"
+    )
+    cfg = config.load(
+        None, ["data.source=synthetic", "data.split=fraction", spec, "data.synthetic.num_bars=800"]
+    )
+    pm = market.prepare(cfg)
+    assert pm.is_panel and pm.names == ("a", "b", "c")
+    a, b, c = (i.bars for i in pm.instruments)
+    assert (len(a), len(b), len(c)) == (800, 600, 800)
+    assert b.index[0] == pd.Timestamp("2004-01-05") and a.index[0] == pd.Timestamp("2000-01-03")
+    assert "seed=2" in a.attrs["source"] and "seed=1" in b.attrs["source"]  # 0 + 1 + place
+    assert "seed=5" in c.attrs["source"] and "phi=0.0" in c.attrs["source"]
+    r = np.diff(np.log(a["close"].to_numpy()))
+    assert 0.015 < r.std() < 0.025
+    # the oracle of a no-signal instrument never trades
+    assert np.all(np.asarray(pm.market.oracle)[pm.instruments[2].offset :] == 0)
+    for bad, msg in (
+        ("data.synthetic.panel=[{name: a}, {name: a}]", "'a' again"),
+        ("data.synthetic.panel=[{name: a}]", "list two or more"),
+        ("data.synthetic.panel=[{phi: 0.1}, {name: b}]", "needs a name"),
+        ("data.synthetic.panel=[{name: a, phy: 0.1}, {name: b}]", r"panel\[0\]\.phy: unknown"),
+    ):
+        with pytest.raises(config.ConfigError, match=msg):
+            config.load(None, ["data.source=synthetic", bad])
+
+
+def test_e2_panel_reward_units_pool_each_instruments_returns_never_across_two():
+    from jaxdqn.agent.build import reward_units
+
+    a = np.array([100.0, 101.0, 99.0, 100.5])
+    b = np.array([10.0, 10.2, 10.1])  # the jump from a's last to b's first is not a return
+    r = np.concatenate([np.diff(np.log(a)), np.diff(np.log(b))])
+    scale, unit = reward_units("auto", [a, b])
+    assert scale == pytest.approx(1 / np.std(r, ddof=1), rel=1e-12) and unit == 1.0
+    assert reward_units("auto", a) == reward_units("auto", [a])
+
+
+def test_e2_panel_data_instruments_selects_a_subset_by_name(folder):
+    from jaxdqn.market import market
+
+    cfg = config.load(None, [*PANEL_CFG, "data.source=csv", f"data.path={folder}"])
+    assert market.prepare(cfg).names == ("AAPL", "KO", "MSFT")
+    sub = config.load(
+        None,
+        [*PANEL_CFG, "data.source=csv", f"data.path={folder}", "data.instruments=[MSFT, AAPL]"],
+    )
+    assert market.prepare(sub).names == ("AAPL", "MSFT")
+    bad = config.load(
+        None, [*PANEL_CFG, "data.source=csv", f"data.path={folder}", "data.instruments=[MSFT, IBM]"]
+    )
+    with pytest.raises(DataError, match=r"data\.instruments: IBM not in the panel"):
+        market.prepare(bad)
+    one = config.load(None, ["data.instruments=[MSFT]"])
+    with pytest.raises(config.ConfigError, match="selects instruments of a panel"):
+        market.prepare(one)
+
+
+def test_e3_panel_walk_compiles_once_for_every_instrument_and_parameter_value(folder):
+    import jax
+
+    from jaxdqn.evaluation import baselines, panel_walk
+    from jaxdqn.market import panel_market
+
+    cfg = config.load(None, list(PANEL_CFG))
+    pm = panel_market.prepare_panel(cfg, _load(folder))
+    args = (
+        pm.market,
+        pm.env_params,
+        pm.ranges("val", walk=True),
+        [i.offset for i in pm.instruments],
+        [pm.dates_of(i) for i in range(3)],
+        baselines.follow_signal,
+        jax.random.PRNGKey(0),
+    )
+    n = pm.market.num_bars
+    sig = lambda d: baselines.device_signal(
+        baselines.Signal(np.full(n, d, np.int32), np.ones(n, np.float32))
+    )
+    panel_walk.stress_walk_panel(*args, (1.0,), policy_params=sig(2))
+    before = panel_walk._rollouts_jit._cache_size()
+    out = panel_walk.stress_walk_panel(*args, (0.0, 2.0), policy_params=sig(0))
+    assert panel_walk._rollouts_jit._cache_size() == before  # no new compilation
+    assert all(len(w) == 3 for w in out)
+    assert all((w.log["direction"] == 0).all() for w in out[0])

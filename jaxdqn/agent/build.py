@@ -9,6 +9,7 @@ by the jitted iteration and initialiser.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import chex
 import jax
@@ -21,7 +22,7 @@ from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import Config, ConfigError, ReplayConfig
 from jaxdqn.market import env as env_lib
-from jaxdqn.market.market import Prepared
+from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.model import network
 from jaxdqn.shards import ONE_DEVICE, Shards
 
@@ -89,17 +90,22 @@ def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
     return replay.make_prioritised_replay(cfg.capacity, item, alpha=alpha)
 
 
-def reward_units(reward_scale: float | str, close: np.ndarray) -> tuple[float, float]:
-    """``(reward_scale, reward_unit)`` for ``loss.reward_scale`` and the train split's closes.
+def reward_units(
+    reward_scale: float | str, close: np.ndarray | Sequence[np.ndarray]
+) -> tuple[float, float]:
+    """``(reward_scale, reward_unit)`` for ``loss.reward_scale`` and the train split's closes
+    (one array, or a panel's one array per instrument).
 
-    σ = std(ddof=1) of the log returns per bar log(close[t+1]/close[t]) of the train split.
+    σ = std(ddof=1) of the log returns per bar log(close[t+1]/close[t]) of the train split (a
+    panel's: every instrument's returns pooled, none across two instruments).
     ``auto``: reward_scale = 1/σ, so Q is in units of one day's return std and the reward unit
     is 1; a number c: reward_scale = c and the reward unit c·σ.
 
     Raises:
       ConfigError: σ is 0 or not finite (a constant price series).
     """
-    r = np.diff(np.log(np.asarray(close, dtype=np.float64)))
+    closes = [close] if isinstance(close, np.ndarray) else list(close)
+    r = np.concatenate([np.diff(np.log(np.asarray(c, dtype=np.float64))) for c in closes])
     sigma = float(np.std(r, ddof=1)) if r.size > 1 else float("nan")
     if not (np.isfinite(sigma) and sigma > 0):
         raise ConfigError(
@@ -172,15 +178,17 @@ def projection_backend(setting: str, deterministic: bool) -> str:
     return setting
 
 
-def build_agent(cfg: Config, market: Prepared, shards: Shards = ONE_DEVICE) -> Agent:
+def build_agent(
+    cfg: Config, market: Prepared | PanelPrepared, shards: Shards = ONE_DEVICE
+) -> Agent:
     """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split);
     with ``shards`` over ``D`` devices, one device's pieces (:func:`make_device_config`)."""
     learning_starts = cfg.replay.learning_starts
     cfg = make_device_config(cfg, shards.count)
     lo, hi = market.bar_range("train")
-    scale, unit = reward_units(cfg.loss.reward_scale, np.asarray(market.market.close)[lo:hi])
+    scale, unit = reward_units(cfg.loss.reward_scale, market.train_closes())
     tau_floor = cfg.acting.tau_floor * unit
-    obs_dim = env_lib.obs_dim(market.env_params, market.features.values.shape[1])
+    obs_dim = env_lib.obs_dim(market.env_params, market.num_features)
     fused = fused_kernels(cfg.kernels.fused)
     model = network.make_model(
         cfg.model,

@@ -21,6 +21,7 @@ from jaxdqn.config.sections import (
     OptimConfig,
     ReplayConfig,
     SyntheticConfig,
+    SyntheticInstrument,
     TrainConfig,
     WalkForwardConfig,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "OptimConfig",
     "ReplayConfig",
     "SyntheticConfig",
+    "SyntheticInstrument",
     "TrainConfig",
     "WalkForwardConfig",
     "commented_yaml",

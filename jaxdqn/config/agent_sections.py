@@ -24,6 +24,12 @@ class ActingConfig:
 
     num_envs: int = _f(64, "E: environments acting in parallel (vmapped)", lo=1)
     steps: int = _f(8, "K: environment steps per iteration (acting scan)", lo=1)
+    instrument_sampling: str = _f(
+        "length",
+        "panels: the instrument of a new training episode is drawn in proportion to its train "
+        "bars (length) or uniformly",
+        choices=("length", "uniform"),
+    )
     iqn_blend: bool = _f(True, "A2: act on Q90 blended toward Q10 by iqn_readiness (off: E[Q])")
     iqn_readiness: float = _f(0.0, "A2: initial readiness (host-set each epoch)", lo=0.0, hi=1.0)
     iqn_readiness_end: float = _f(

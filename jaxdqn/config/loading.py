@@ -222,7 +222,7 @@ def to_dict(cfg: Any) -> dict:
         if dataclasses.is_dataclass(v):
             v = to_dict(v)
         elif isinstance(v, tuple):
-            v = list(v)
+            v = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
         elif isinstance(v, dict):
             v = dict(v)
         out[f.name] = v
@@ -347,7 +347,7 @@ def commented_yaml(cfg: Any = None, indent: int = 0) -> str:
             lines.append(commented_yaml(v, indent + 2))
             continue
         if isinstance(v, tuple):
-            v = list(v)
+            v = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
         text = yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...")
         lines.append(f"{pad}{f.name}: {text}")
     return "\n".join(lines)

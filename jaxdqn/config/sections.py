@@ -42,6 +42,7 @@ from jaxdqn.config.agent_sections import (
     OptimConfig,
     ReplayConfig,
 )
+from jaxdqn.config.data_sections import DataConfig, SyntheticConfig, SyntheticInstrument
 from jaxdqn.config.fields import ConfigError, _f, _sub
 
 __all__ = [
@@ -63,95 +64,11 @@ __all__ = [
     "OptimConfig",
     "ReplayConfig",
     "SyntheticConfig",
+    "SyntheticInstrument",
     "TrainConfig",
     "WalkForwardConfig",
     "check_cross_fields",
 ]
-
-
-@dataclass(frozen=True)
-class SyntheticConfig:
-    """The synthetic market with a planted, known signal (E2)."""
-
-    num_bars: int = _f(4000, "number of daily bars generated", lo=300)
-    seed: int = _f(0, "seed of the generator (the market is a pure function of the config)")
-    phi: float = _f(
-        0.15,
-        "AR(1) coefficient of close-to-close log returns (the planted signal)",
-        lo=-0.99,
-        hi=0.99,
-    )
-    vol: float = _f(0.01, "standard deviation of daily log-return innovations", lo=1e-5, hi=0.2)
-    drift: float = _f(0.0, "unconditional mean daily log return", lo=-0.05, hi=0.05)
-    start_price: float = _f(100.0, "first close", lo=1e-3)
-    start_date: str = _f("2000-01-03", "date of the first bar (business-day calendar)")
-    gap_frac: float = _f(
-        0.25, "sd of the overnight gap log(open/prev close), in units of vol", lo=0.0, hi=1.0
-    )
-    intrabar_vol: float = _f(
-        1.0, "sd of the intrabar Brownian bridge open->close (high/low: its extrema), x vol", lo=0.0
-    )
-    intrabar_steps: int = _f(78, "steps of the intrabar path (78: 5-minute bars of a day)", lo=2)
-    volume_median: float = _f(1.0e6, "median bar volume (volume is lognormal)", lo=1.0)
-    volume_sigma: float = _f(0.3, "sd of log volume", lo=0.0, hi=5.0)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the bars come from and how they are split (E2)."""
-
-    source: str = _f(
-        "sp500",
-        "bars: bundled S&P 500 daily (1999-2018), a CSV or Parquet file, or the synthetic market",
-        choices=("sp500", "csv", "parquet", "synthetic"),
-    )
-    path: str | None = _f(None, "file to read when source is csv or parquet")
-    columns: dict[str, str] = _f(
-        {}, "map of the file's column names to date/open/high/low/close/volume (e.g. {Px: close})"
-    )
-    date_format: str | None = _f(
-        None,
-        "strftime pattern of the file's dates (e.g. '%d.%m.%Y %H:%M:%S.%f'); null: ISO dates, "
-        "YYYYMMDD integers or what pandas infers",
-    )
-    dayfirst: bool | None = _f(
-        None,
-        "dates written d/m/y or m/d/y (e.g. 01.02.2017) are day-first (true) or month-first "
-        "(false); null: detected from a field > 12, and a column without one is refused",
-    )
-    close_only: bool | None = _f(
-        None,
-        "bars from closes alone (open = previous close, high/low = the larger/smaller of the "
-        "two; orders held at market, now); null: when the table has no open, high or low",
-    )
-    bars_per_year: float | str = _f(
-        "auto",
-        "bars per year of every annualised number (Sharpe, volatility, return, turnover, ...); "
-        "auto: inferred from the train split's timestamps (daily 252, 7-day markets 365, "
-        "intraday bars per session x sessions per year; see jaxdqn/market/clock.py)",
-    )
-    split: str = _f(
-        "date",
-        "how train/val/test are cut: by dates, by fractions, or as explicit bar ranges (bars)",
-        choices=("date", "fraction", "bars"),
-    )
-    train_end: str = _f("2012-12-31", "last date of the train split (split=date)")
-    val_end: str = _f("2015-12-31", "last date of the val split; test runs to the end (split=date)")
-    train_frac: float = _f(0.7, "fraction of bars in train (split=fraction)", lo=0.05, hi=0.95)
-    val_frac: float = _f(0.15, "fraction of bars in val (split=fraction)", lo=0.01, hi=0.9)
-    train_bars: tuple[int, ...] = _f(
-        (), "[start, stop): the train split's rows (split=bars; a walk-forward fold writes them)"
-    )
-    val_bars: tuple[int, ...] = _f(
-        (), "[start, stop): val rows (split=bars); val start >= train stop (a gap = purge)"
-    )
-    test_bars: tuple[int, ...] = _f(
-        (), "[start, stop): test rows (split=bars); test start >= val stop, stop <= the bars"
-    )
-    min_split_rows: int = _f(
-        20, "fewest bars each of train (after the feature warmup), val and test may have", lo=2
-    )
-    synthetic: SyntheticConfig = _sub(SyntheticConfig, "synthetic market (source=synthetic)")
 
 
 @dataclass(frozen=True)
@@ -245,6 +162,12 @@ class EvalConfig:
         (0.0, 1.0, 2.0, 3.0),
         "cost stress: multiples of the configured costs the best checkpoint's test walk is "
         "repeated at (increasing, >= 0, must include 1: the test walk itself)",
+    )
+    select_on: str = _f(
+        "mean",
+        "panels: a walk's score (model selection, plateau detection, the epoch log) is the "
+        "mean or the median over instruments of each instrument's metric",
+        choices=("mean", "median"),
     )
 
 
@@ -398,6 +321,9 @@ def check_cross_fields(cfg: Config) -> None:
     d, e, m, b = cfg.data, cfg.env, cfg.model, cfg.baselines
     if d.source in ("csv", "parquet") and not d.path:
         raise ConfigError(f"data.path: required when data.source is {d.source}")
+    if d.symbol_column is not None and d.source not in ("csv", "parquet"):
+        raise ConfigError("data.symbol_column: names a column of a csv or parquet data.path")
+    _check_synthetic_panel(d.synthetic.panel)
     if d.split == "fraction" and d.train_frac + d.val_frac >= 1.0:
         raise ConfigError("data.val_frac: train_frac + val_frac must be < 1 (test needs bars)")
     if d.split == "date":
@@ -451,6 +377,19 @@ def check_cross_fields(cfg: Config) -> None:
         _check_bar_ranges(d)
     _check_cost_multiples(cfg.eval.cost_multiples)
     _check_walkforward(cfg.walkforward)
+
+
+def _check_synthetic_panel(panel: tuple[SyntheticInstrument, ...]) -> None:
+    names = [inst.name.strip() for inst in panel]
+    for i, name in enumerate(names):
+        if not name:
+            raise ConfigError(f"data.synthetic.panel[{i}].name: every instrument needs a name")
+        if name in names[:i]:
+            raise ConfigError(f"data.synthetic.panel[{i}].name: {name!r} again")
+    if len(panel) == 1:
+        raise ConfigError(
+            "data.synthetic.panel: one instrument is the plain synthetic market; list two or more"
+        )
 
 
 def _check_bar_ranges(d: DataConfig) -> None:

@@ -28,7 +28,7 @@ import pandas as pd
 from jaxdqn.evaluation import walk as walk_lib
 from jaxdqn.market import env
 
-__all__ = ["COST_MULTIPLES", "cost_bps", "scale_costs", "stress_walk"]
+__all__ = ["COST_MULTIPLES", "cost_bps", "rollout_at_rate", "scale_costs", "stress_walk"]
 
 COST_MULTIPLES = (0.0, 1.0, 2.0, 3.0)
 """The cost multiples of the report's stress table."""
@@ -57,7 +57,7 @@ def cost_bps(params: env.EnvParams) -> dict[str, float]:
     }
 
 
-def _rollout_at_rate(
+def rollout_at_rate(
     env_params, market, t0, hi, n, policy_fn, key, policy_params, rate
 ) -> walk_lib.Trajectory:
     """:func:`walk.rollout` with the (half-spread, commission) fractions ``rate`` ``[2]`` traced
@@ -66,7 +66,7 @@ def _rollout_at_rate(
     return walk_lib.rollout(params, market, t0, hi, n, policy_fn, key, policy_params)
 
 
-_rollout_at_rate_jit = jax.jit(_rollout_at_rate, static_argnames=("env_params", "n", "policy_fn"))
+_rollout_at_rate_jit = jax.jit(rollout_at_rate, static_argnames=("env_params", "n", "policy_fn"))
 
 
 def stress_walk(

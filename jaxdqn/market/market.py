@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from jaxdqn.config import Config
@@ -25,10 +26,18 @@ from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
 from jaxdqn.market import splits as splits_lib
+from jaxdqn.market.decisions import SPLIT_NAMES, first_decision, resolve_clock
+from jaxdqn.market.panel import panel_of
+from jaxdqn.market.panel_market import PanelPrepared, prepare_panel
 
-__all__ = ["SPLIT_NAMES", "Prepared", "first_decision", "prepare", "resolve_clock"]
-
-SPLIT_NAMES = ("train", "val", "test")
+__all__ = [
+    "SPLIT_NAMES",
+    "PanelPrepared",
+    "Prepared",
+    "first_decision",
+    "prepare",
+    "resolve_clock",
+]
 
 
 class Prepared(NamedTuple):
@@ -69,6 +78,18 @@ class Prepared(NamedTuple):
         """Whether the bars came with volume (without: no volume feature)."""
         return data.info(self.df)[1]
 
+    is_panel = False
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.values.shape[1])
+
+    def train_closes(self) -> list:
+        """The market's (float32) closes of the train split's decidable bars, one array per
+        instrument (here one)."""
+        lo, hi = self.bar_range("train")
+        return [np.asarray(self.market.close)[lo:hi]]
+
     def notes(self) -> list[str]:
         """Log lines about the data: the bar clock, and what loading detected (day/month
         order, close-only bars, no volume)."""
@@ -94,19 +115,18 @@ class Prepared(NamedTuple):
         return max(lo - 1, self.first_decision), hi
 
 
-def first_decision(cfg: Config) -> int:
-    """The first bar whose whole observation window holds valid features: the features'
-    warmup + ``features.window`` − 1."""
-    return features_lib.warmup_length(cfg.features) + cfg.features.window - 1
-
-
-def prepare(cfg: Config) -> Prepared:
-    """Load the bars named by ``cfg.data`` and build splits, features and the market.
+def prepare(cfg: Config) -> Prepared | PanelPrepared:
+    """Load the bars named by ``cfg.data`` and build splits, features and the market: one
+    instrument's :class:`Prepared`, or the :class:`~jaxdqn.market.panel_market.PanelPrepared`
+    of a panel (:func:`jaxdqn.market.panel.panel_of`).
 
     Raises:
       DataError: unreadable or invalid data, or a split too short for the warm-up.
       ConfigError: an environment setting the data cannot support (e.g. impact without volume).
     """
+    panel = panel_of(cfg.data)
+    if panel is not None:
+        return prepare_panel(cfg, panel, cfg.acting.instrument_sampling)
     df = data.load(cfg.data)
     first = first_decision(cfg)
     splits = splits_lib.split(df, cfg.data, first)
@@ -125,27 +145,3 @@ def prepare(cfg: Config) -> Prepared:
         first_decision=first,
         bar_clock=bar_clock,
     )
-
-
-def resolve_clock(
-    df: pd.DataFrame, setting: float | str, train: tuple[int, int]
-) -> clock_lib.BarClock:
-    """The clock of ``data.bars_per_year`` = ``setting`` for the bars ``df`` whose train split
-    is the rows ``train``, after checking that ``df`` holds one bar frequency.
-
-    Raises:
-      DataError: the file mixes frequencies (naming the row), or ``auto`` cannot infer a clock.
-    """
-    name = df.attrs.get("source", "data")
-    index = pd.DatetimeIndex(df.index)
-    changed = clock_lib.check_spacing(index)
-    if changed is not None:
-        row, why = changed
-        raise data.DataError(f"{name}: {data.row_label(index, row)}: column 'date': {why}")
-    try:
-        return clock_lib.resolve(setting, index[train[0] : train[1]])
-    except clock_lib.ClockError as e:
-        raise data.DataError(
-            f"{name}: data.bars_per_year: cannot infer the bar clock ({e}); set the number, "
-            "e.g. data.bars_per_year=252"
-        ) from None

@@ -1,15 +1,16 @@
 """Panels (E2, issue 29): many instruments, each read and validated like one file.
 
-The data layer of the panel market; the config keys (``data.path`` naming a panel,
-``data.symbol_column``) arrive with the panel's market and walks, so today no run reads this.
-A panel is
+The data layer of the panel market (:func:`panel_of` reads the panel a config names). A panel
+is
 
 * a directory: every ``.csv`` / ``.csv.gz`` / ``.parquet`` file in it, one instrument each,
   named by the file's stem (``AAPL.csv.gz`` → ``AAPL``);
 * a glob (``data/*.parquet``): the files it matches, likewise;
 * one long file with a symbol column: its rows grouped by that column's value;
 * a wide table of closes (:func:`load_wide`; the bundled 20 stocks, ``"sp500_20"``): one
-  close-only instrument per column.
+  close-only instrument per column;
+* a synthetic panel (:func:`synthetic_panel`, ``data.synthetic.panel``): one planted-signal
+  market per entry.
 
 Each instrument goes through :func:`jaxdqn.market.data.bars_from_table`: the same columns
 (``data.columns``), dates (``data.date_format``, ``data.dayfirst``), close-only rule and
@@ -25,6 +26,7 @@ rule. Instruments are ordered by name.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 from pathlib import Path
 from typing import NamedTuple
@@ -32,12 +34,23 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from jaxdqn.config import DataConfig
+from jaxdqn.config import ConfigError, DataConfig
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data
 from jaxdqn.market.errors import DataError
+from jaxdqn.market.synthetic import synthetic
 
-__all__ = ["Panel", "instrument_name", "is_panel", "load_panel", "load_wide", "panel_files"]
+__all__ = [
+    "Panel",
+    "instrument_name",
+    "is_panel",
+    "load_panel",
+    "load_wide",
+    "panel_files",
+    "panel_of",
+    "select",
+    "synthetic_panel",
+]
 
 _SUFFIXES = (".csv.gz", ".csv.bz2", ".csv.zip", ".csv.xz", ".csv", ".txt", ".parquet", ".pq")
 
@@ -222,3 +235,66 @@ def load_panel(path: str, cfg: DataConfig, symbol_column: str | None = None) -> 
             b.attrs["volume"] = False
     _check_one_frequency(names, bars)
     return Panel(tuple(names), tuple(bars), tuple(notes))
+
+
+def synthetic_panel(cfg: DataConfig) -> Panel:
+    """The synthetic panel of ``cfg.synthetic.panel``: instrument ``i`` is the market of
+    :func:`jaxdqn.market.synthetic.synthetic` under ``cfg.synthetic`` with the entry's own
+    settings; an entry without a seed gets ``cfg.synthetic.seed + 1 + i``, so no two share one
+    unless the config says so. Close-only when ``cfg.close_only`` is true."""
+    base, names, bars = cfg.synthetic, [], []
+    for i, inst in enumerate(cfg.synthetic.panel):
+        own = {
+            f.name: getattr(inst, f.name)
+            for f in dataclasses.fields(inst)
+            if f.name != "name" and getattr(inst, f.name) is not None
+        }
+        own.setdefault("seed", base.seed + 1 + i)
+        df = synthetic(dataclasses.replace(base, panel=(), **own))
+        df.attrs["source"] = f"synthetic {inst.name.strip()} ({df.attrs['source']})"
+        bars.append(data.as_close_only(df) if cfg.close_only else df)
+        names.append(inst.name.strip())
+    order = np.argsort(names, kind="stable")
+    return Panel(tuple(names[i] for i in order), tuple(bars[i] for i in order), ())
+
+
+def select(panel: Panel, names: tuple[str, ...]) -> Panel:
+    """The instruments ``names`` of ``panel`` (all when empty), in the panel's order.
+
+    Raises:
+      DataError: a name the panel does not have.
+    """
+    if not names:
+        return panel
+    missing = [n for n in names if n not in panel.names]
+    if missing:
+        raise DataError(
+            f"data.instruments: {', '.join(missing)} not in the panel "
+            f"(it has {', '.join(panel.names[:12])}{', ...' if len(panel.names) > 12 else ''})"
+        )
+    keep = [i for i, n in enumerate(panel.names) if n in names]
+    return Panel(
+        tuple(panel.names[i] for i in keep), tuple(panel.bars[i] for i in keep), panel.notes
+    )
+
+
+def panel_of(cfg: DataConfig) -> Panel | None:
+    """The panel ``cfg`` names (the bundled ``sp500_20``, a synthetic panel, a directory, a glob
+    or a long file with ``symbol_column``), restricted to ``cfg.instruments`` when given, or
+    None when it names one instrument.
+
+    Raises:
+      DataError: what :func:`load_panel` / :func:`load_wide` raise, or an unknown instrument.
+      ConfigError: ``data.instruments`` given for one instrument.
+    """
+    if cfg.source == "sp500_20":
+        panel = load_wide("sp500_20", cfg)
+    elif cfg.source == "synthetic" and cfg.synthetic.panel:
+        panel = synthetic_panel(cfg)
+    elif cfg.source in ("csv", "parquet") and is_panel(cfg.path, cfg.symbol_column):
+        panel = load_panel(str(cfg.path), cfg, cfg.symbol_column)
+    else:
+        if cfg.instruments:
+            raise ConfigError("data.instruments: selects instruments of a panel; this is one")
+        return None
+    return select(panel, tuple(cfg.instruments))

@@ -15,7 +15,12 @@ then a start as a single instrument's episode does.
 The bar clock is resolved on the instrument with the longest train split (every instrument has
 the panel's one bar frequency, :func:`jaxdqn.market.panel.load_panel`).
 
-Nothing trains on it yet: the panel's acting and walks (issue 29) build on it.
+An instrument with fewer than ``data.min_bars`` bars, or too few for one of its splits or the
+warm-up, is dropped with a note when ``data.min_bars`` > 0, and refused by name otherwise.
+
+:class:`PanelPrepared` answers what the trainer and the agent's builder ask of one
+instrument's :class:`~jaxdqn.market.market.Prepared` (market, env parameters, clock, notes,
+train closes); the walks read its instruments and :meth:`PanelPrepared.ranges`.
 """
 
 from __future__ import annotations
@@ -31,8 +36,9 @@ from jaxdqn.config import Config
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
-from jaxdqn.market import market as market_lib
 from jaxdqn.market import splits as splits_lib
+from jaxdqn.market.decisions import SPLIT_NAMES, first_decision, resolve_clock
+from jaxdqn.market.errors import DataError
 from jaxdqn.market.market_data import with_episodes
 from jaxdqn.market.panel import Panel
 
@@ -71,7 +77,7 @@ class PanelPrepared(NamedTuple):
       env_params: static environment parameters (``hold_orders`` for close-only panels).
       first_decision: the first decision bar within each instrument.
       bar_clock: the panel's bar clock.
-      notes: log lines (the panel's, then the clock's).
+      log_notes: log lines (the panel's, dropped instruments, then the clock's).
     """
 
     instruments: tuple[Instrument, ...]
@@ -79,18 +85,54 @@ class PanelPrepared(NamedTuple):
     env_params: env.EnvParams
     first_decision: int
     bar_clock: clock_lib.BarClock
-    notes: tuple[str, ...]
+    log_notes: tuple[str, ...]
+
+    is_panel = True
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(i.name for i in self.instruments)
 
+    @property
+    def bars_per_year(self) -> float:
+        return self.bar_clock.bars_per_year
+
+    @property
+    def close_only(self) -> bool:
+        return bool(self.env_params.hold_orders)
+
+    @property
+    def has_volume(self) -> bool:
+        return all(data.info(i.bars)[1] for i in self.instruments)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.market.num_features)
+
+    def notes(self) -> list[str]:
+        return list(self.log_notes)
+
+    def bar_range(self, split: str) -> tuple[int, int]:
+        """The global rows ``[lo, hi)`` spanning every instrument's ``split`` (episodes draw
+        their instrument's own range; this is only the agent's nominal range)."""
+        r = self.ranges(split)
+        return int(r[:, 0].min()), int(r[:, 1].max())
+
+    def train_closes(self) -> list[np.ndarray]:
+        """Each instrument's (float32) closes of its train split's decidable bars."""
+        close = np.asarray(self.market.close)
+        return [close[lo:hi] for lo, hi in self.ranges("train")]
+
+    def dates_of(self, i: int) -> pd.DatetimeIndex:
+        """Instrument ``i``'s bar timestamps ``[T_i]``."""
+        return pd.DatetimeIndex(self.instruments[i].bars.index)
+
     def ranges(self, split: str, *, walk: bool = False) -> np.ndarray:
         """int32 ``[I, 2]``: each instrument's global ``[lo, hi)`` of ``split`` — the episode
         range of :meth:`Prepared.bar_range` or, with ``walk``, the walk range of
         :meth:`Prepared.eval_range` (the first decision one bar before the split)."""
-        if split not in market_lib.SPLIT_NAMES:
-            raise ValueError(f"unknown split {split!r}; expected one of {market_lib.SPLIT_NAMES}")
+        if split not in SPLIT_NAMES:
+            raise ValueError(f"unknown split {split!r}; expected one of {SPLIT_NAMES}")
         out = []
         for inst in self.instruments:
             lo, hi = getattr(inst.splits, split)
@@ -122,16 +164,29 @@ def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelP
         or a bar clock that cannot be inferred.
       ConfigError: an environment setting the data cannot support (impact without volume).
     """
-    first = market_lib.first_decision(cfg)
-    instruments, markets, offset = [], [], 0
+    first = first_decision(cfg)
+    min_bars = cfg.data.min_bars
+    instruments, markets, dropped, offset = [], [], [], 0
     for name, bars in zip(panel.names, panel.bars, strict=True):
-        sp = splits_lib.split(bars, cfg.data, first)
+        if len(bars) < min_bars:
+            dropped.append(f"{name} ({len(bars)} bars < data.min_bars={min_bars})")
+            continue
+        try:
+            sp = splits_lib.split(bars, cfg.data, first)
+        except DataError as e:
+            if min_bars > 0:
+                dropped.append(f"{name} ({e})")
+                continue
+            raise DataError(f"instrument {name}: {e} (or set data.min_bars to drop it)") from None
         feats = features_lib.compute_features(bars, cfg.features, sp.train)
         markets.append(env.make_market(bars, feats, cfg.env))
         instruments.append(Instrument(name, offset, bars, sp, feats))
         offset += len(bars)
+    drop_notes = [f"dropped instrument {d}" for d in dropped]
+    if not instruments:
+        raise DataError(f"the panel has no instrument left: {'; '.join(dropped)}")
     longest = max(instruments, key=lambda i: i.splits.train[1] - i.splits.train[0])
-    bar_clock = market_lib.resolve_clock(longest.bars, cfg.data.bars_per_year, longest.splits.train)
+    bar_clock = resolve_clock(longest.bars, cfg.data.bars_per_year, longest.splits.train)
     market = env.MarketData(
         **{
             f.name: jnp.concatenate([getattr(m, f.name) for m in markets], axis=0)
@@ -139,15 +194,14 @@ def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelP
             if not f.name.startswith("episode_")
         }
     )
-    close_only = all(data.info(b)[0] for b in panel.bars)
+    close_only = all(data.info(i.bars)[0] for i in instruments)
     env_params = env.EnvParams.from_config(cfg.env, cfg.features.window, hold_orders=close_only)
     clock_note = (
         f"panel of {len(instruments)} instruments: bar clock {bar_clock.bars_per_year:.6g} bars "
         f"a year ({bar_clock.rule}, on {longest.name}'s train split)"
     )
-    out = PanelPrepared(
-        tuple(instruments), market, env_params, first, bar_clock, (*panel.notes, clock_note)
-    )
+    notes = (*panel.notes, *drop_notes, clock_note)
+    out = PanelPrepared(tuple(instruments), market, env_params, first, bar_clock, notes)
     train = out.ranges("train")
     if sampling not in SAMPLING:
         raise ValueError(f"sampling: {sampling!r} is not one of {SAMPLING}")

@@ -11,6 +11,13 @@ Sharpe the selection saw, SPA; ``eval.bootstrap_reps`` replications); ``cost_str
 walk of every seed at each of ``eval.cost_multiples`` × the configured costs (default 0×, 1×,
 2×, 3×; 1× is the test walk itself); ``bar_clock`` the bars per year of every annualised number
 (:mod:`jaxdqn.market.clock`), whether it was inferred and how.
+
+On a panel every walk is every instrument's (:mod:`jaxdqn.program.walks`): ``eval_*.csv`` has an
+``instrument`` column, the baselines walk every instrument
+(:mod:`jaxdqn.evaluation.panel_baselines`), ``val``/``test`` and the baselines' table hold the
+``eval.select_on`` statistic over instruments, the ``statistics`` are those of the equal-weight
+portfolios (``portfolio_*.csv``, ``baselines_*.csv``), and ``instruments`` and ``panel`` are
+added (:mod:`jaxdqn.program.panel_results`).
 """
 
 from __future__ import annotations
@@ -26,10 +33,10 @@ from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.config import Config
-from jaxdqn.evaluation import baselines
+from jaxdqn.evaluation import baselines, panel_baselines
 from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
-from jaxdqn.market.market import Prepared
-from jaxdqn.program import checkpoint, report, results, run_statistics
+from jaxdqn.market.market import PanelPrepared, Prepared
+from jaxdqn.program import checkpoint, panel_results, report, results, run_statistics
 from jaxdqn.program.placement import Placement
 from jaxdqn.program.provenance import provenance
 from jaxdqn.program.run_state import RunState
@@ -48,7 +55,7 @@ SPLITS = ("val", "test")
 
 def finish(
     cfg: Config,
-    prepared: Prepared,
+    prepared: Prepared | PanelPrepared,
     agent: Agent,
     ckpt: checkpoint.Checkpointer,
     template: TrainState,
@@ -71,6 +78,7 @@ def finish(
             return None
     num_seeds = cfg.train.num_seeds
     logs: dict[str, list[pd.DataFrame]] = {split: [] for split in SPLITS}
+    walks: dict[str, list[Any]] = {split: [] for split in SPLITS}
     per_seed = []
     multiples = cfg.eval.cost_multiples
     stressed = [k for k in multiples if k != 1.0]
@@ -80,6 +88,7 @@ def finish(
         for split in SPLITS:
             res = walk_seed(agent, prepared, cfg.eval, best, split, s)
             logs[split].append(res.log)
+            walks[split].append(res)
             seed_metrics[split] = res.metrics
             if split == "test":
                 extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
@@ -89,7 +98,16 @@ def finish(
         results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
 
     base_logs: dict[tuple[str, str], pd.DataFrame] = {}
-    table = baselines.run_baselines(cfg, prepared, logs=base_logs)
+    stat_logs, panel = logs, {}
+    if prepared.is_panel:
+        base = panel_baselines.run_panel_baselines(cfg, prepared)
+        table = base.table
+        stat_logs, base_logs = panel_results.portfolio_logs(walks, base)
+        for split, frames in stat_logs.items():
+            results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
+        panel = panel_results.panel_entries(cfg, prepared, walks, base, (stat_logs, base_logs))
+    else:
+        table = baselines.run_baselines(cfg, prepared, logs=base_logs)
     base_summary = {
         name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in SPLITS}
         for name in table.index
@@ -101,14 +119,14 @@ def finish(
     for split in SPLITS:
         results.write_baseline_equity(
             run_dir / f"baselines_{split}.csv",
-            logs[split][0]["date"],
+            stat_logs[split][0]["date"],
             {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
         )
 
     trials = run_statistics.selection_trials(run_dir)
     stats = {
         split: run_statistics.split_statistics(
-            cfg, logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year
+            cfg, stat_logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year
         )
         for split in SPLITS
     }
@@ -128,6 +146,7 @@ def finish(
         "val": mean("val"),
         "test": mean("test"),
         "baselines": base_summary,
+        **panel,
         "statistics": stats,
         "cost_stress": run_statistics.cost_stress_table(
             prepared.env_params, multiples, stress_walks

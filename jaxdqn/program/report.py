@@ -6,7 +6,9 @@ report instead of plotted):
 * ``config.yaml`` — the resolved config (header: data, sizes, switched-off components).
 * ``metrics.jsonl`` — one record per epoch (:mod:`jaxdqn.program.logger`); training curves.
 * ``summary.json``, ``eval_{split}.csv``, ``baselines_{split}.csv`` — the result files
-  (:mod:`jaxdqn.program.results`, which defines their formats).
+  (:mod:`jaxdqn.program.results`, which defines their formats); a panel's equity plots draw its
+  equal-weight portfolio, ``portfolio_{split}.csv``, and the panel section
+  (:mod:`jaxdqn.program.panel_report`) follows the results.
 
 Seeds: S is ``len(summary["seeds"])``, else the length of the ``val_sharpe`` list of
 ``metrics.jsonl``. With S > 1 the curves show the seed mean with a ±1 std band
@@ -29,7 +31,7 @@ import yaml
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
-from jaxdqn.program import metric_names, plots, report_statistics
+from jaxdqn.program import metric_names, panel_report, plots, report_statistics
 from jaxdqn.program.formats import as_float, bar_clock_text, clock
 from jaxdqn.program.logger import read_metrics
 from jaxdqn.program.results import (
@@ -312,7 +314,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
             rows.append(("volume", "none in the data: the volume feature is left out"))
         known = {"best_epoch", "best_step", "epochs", "wall_time_s", "val", "test"}
         known |= {"baselines", "seeds", "statistics", "cost_stress", "provenance"}
-        known |= {"bar_clock", "data"}
+        known |= {"bar_clock", "data", "instruments", "panel"}
         for k, v in summary.items():
             if k not in known and isinstance(v, (str, int, float, bool)):
                 rows.append((k, str(v)))
@@ -336,6 +338,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
     if summary is not None:
         lines += _results_section(summary)
+        lines += panel_report.panel_section(summary, run_dir, SPLITS)
         lines += report_statistics.statistics_section(summary, SPLITS)
         lines += report_statistics.cost_stress_section(summary, run_dir)
     else:
@@ -343,6 +346,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
     for split in SPLITS:
         eval_path = run_dir / f"eval_{split}.csv"
+        if (run_dir / f"portfolio_{split}.csv").exists():  # a panel: its equal-weight portfolio
+            eval_path = run_dir / f"portfolio_{split}.csv"
         if split == "val" and not eval_path.exists():
             continue  # the val curve is optional; the test curve is always reported
         lines += [f"## {split.capitalize()} equity", ""]

@@ -42,6 +42,7 @@ from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import folds as folds_lib
 from jaxdqn.market import market as market_lib
+from jaxdqn.market.panel import is_panel
 from jaxdqn.program import report, walkforward_results
 from jaxdqn.program.results import read_summary, write_text_atomic
 
@@ -75,7 +76,18 @@ def make_plan(cfg: Config) -> Plan:
 
     Raises:
       DataError: unreadable data, or data too short for the folds (naming the fold).
+      ConfigError: the data names a panel (walk-forward plans the folds of one instrument).
     """
+    d = cfg.data
+    if (
+        d.source == "sp500_20"
+        or (d.synthetic.panel and d.source == "synthetic")
+        or (d.source in ("csv", "parquet") and is_panel(d.path, d.symbol_column))
+    ):
+        raise ConfigError(
+            "walkforward: the data names a panel, and walk-forward folds are planned on one "
+            "instrument's bars; folds by date across a panel are not built yet (issue 29)"
+        )
     df = data_lib.load(cfg.data)
     first = market_lib.first_decision(cfg)
     folds = folds_lib.plan_folds(pd.DatetimeIndex(df.index), cfg.walkforward)

@@ -57,6 +57,7 @@ from jaxdqn.config import Config
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.program import run_statistics, walkforward_report
 from jaxdqn.program.formats import to_jsonable
+from jaxdqn.program.panel_results import seed_mean
 from jaxdqn.program.results import (
     read_baseline_equity,
     read_eval_log,
@@ -106,15 +107,6 @@ def _read_fold(entry: Mapping[str, Any], fdir: Path):
         if not np.array_equal(base.index.to_numpy(), dates.to_numpy()):
             raise ValueError(f"{fdir}/baselines_test.csv: its bars differ from the agent's")
     return summary, log, base
-
-
-def _mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    out = {}
-    for k in rows[0]:
-        vals = np.array([r[k] for r in rows], dtype=np.float64)
-        vals = vals[np.isfinite(vals)]
-        out[k] = float(vals.mean()) if vals.size else float("nan")
-    return out
 
 
 def stitch(
@@ -227,9 +219,7 @@ def stitch(
             "bars": len(frame),
             "dates": [rows[0]["dates"]["test"][0], rows[-1]["dates"]["test"][1]],
             "seeds": seed_metrics,
-            "mean": _mean_metrics(
-                [{k: v for k, v in m.items() if k != "seed"} for m in seed_metrics]
-            ),
+            "mean": seed_mean([{k: v for k, v in m.items() if k != "seed"} for m in seed_metrics]),
             "baselines": {n: metrics_lib.performance(frame[f"{n}_return"], ppy) for n in names},
             "statistics": stats,
         },

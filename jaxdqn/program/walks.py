@@ -3,7 +3,11 @@
 The training loop validates every seed after each epoch, the run's end walks the best
 checkpoint on val and test, and ``python -m jaxdqn.evaluate`` walks any checkpoint: all three
 go through :func:`walk_seed`, so a checkpoint walked by any of them gives the identical log.
-:func:`stress_seed` walks the same policy at multiples of the costs (the cost stress).
+:func:`stress_seed` walks the same policy at multiples of the costs (the cost stress). On a
+panel every walk is every instrument's, in one program
+(:func:`jaxdqn.evaluation.panel_walk.stress_walk_panel`), and its result a
+:class:`~jaxdqn.evaluation.panel_walk.PanelResult` whose metrics are the ``eval.select_on``
+statistic over instruments.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import numpy as np
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import EvalConfig
-from jaxdqn.evaluation import cost_stress
+from jaxdqn.evaluation import cost_stress, panel_walk
 from jaxdqn.evaluation import walk as walk_lib
-from jaxdqn.market.market import Prepared
+from jaxdqn.market.market import PanelPrepared, Prepared
 
 __all__ = ["make_validate", "seed_policy_params", "stress_seed", "walk_seed"]
 
@@ -44,7 +48,7 @@ def seed_policy_params(agent: Agent, state: TrainState, s: int) -> tuple[Any, An
 
 def walk_seed(
     agent: Agent,
-    prepared: Prepared,
+    prepared: Prepared | PanelPrepared,
     eval_cfg: EvalConfig,
     state: TrainState,
     split: str,
@@ -58,7 +62,7 @@ def walk_seed(
 
 def stress_seed(
     agent: Agent,
-    prepared: Prepared,
+    prepared: Prepared | PanelPrepared,
     eval_cfg: EvalConfig,
     state: TrainState,
     split: str,
@@ -67,6 +71,8 @@ def stress_seed(
 ) -> list[walk_lib.EvalResult]:
     """Seed ``s``'s walk of ``split`` at each of ``multiples`` × the configured costs
     (:func:`jaxdqn.evaluation.cost_stress.stress_walk`; one walk per multiple, in order)."""
+    if prepared.is_panel:
+        return panel_seed(agent, prepared, eval_cfg, state, split, s, multiples)
     lo, hi = prepared.eval_range(split)
     return cost_stress.stress_walk(
         prepared.market,
@@ -82,20 +88,53 @@ def stress_seed(
     )
 
 
+def panel_seed(
+    agent: Agent,
+    prepared: PanelPrepared,
+    eval_cfg: EvalConfig,
+    state: TrainState,
+    split: str,
+    s: int,
+    multiples: Sequence[float],
+) -> list[panel_walk.PanelResult]:
+    """:func:`stress_seed` on a panel: every instrument's walk of ``split`` at each multiple,
+    one :class:`~jaxdqn.evaluation.panel_walk.PanelResult` per multiple."""
+    per_multiple = panel_walk.stress_walk_panel(
+        prepared.market,
+        prepared.env_params,
+        prepared.ranges(split, walk=True),
+        [inst.offset for inst in prepared.instruments],
+        [prepared.dates_of(i) for i in range(len(prepared.instruments))],
+        agent.acting.eval_policy,
+        jax.random.PRNGKey(eval_cfg.key),
+        multiples,
+        periods_per_year=prepared.bars_per_year,
+        policy_params=seed_policy_params(agent, state, s),
+    )
+    return [panel_walk.cross_section(w, prepared.names, eval_cfg.select_on) for w in per_multiple]
+
+
 def make_validate(
-    agent: Agent, prepared: Prepared, eval_cfg: EvalConfig, num_seeds: int
+    agent: Agent, prepared: Prepared | PanelPrepared, eval_cfg: EvalConfig, num_seeds: int
 ) -> Callable[[TrainState], tuple[list[walk_lib.EvalResult], np.ndarray]]:
     """``validate(state) -> (results, spread)``: every seed's val walk and the ``[S]``
-    validation Q spreads (:func:`jaxdqn.evaluation.walk.value_spread`, M14's host input)."""
-    vlo, vhi = prepared.eval_range("val")
+    validation Q spreads (:func:`jaxdqn.evaluation.walk.value_spread`, M14's host input; on
+    a panel over every instrument's val bars)."""
     model, market, env_params = agent.model, prepared.market, prepared.env_params
-    spread_fn = jax.jit(
-        jax.vmap(
-            lambda params, vmin, dz: walk_lib.value_spread(
-                model, params, market, env_params, vlo, vhi, vmin, dz
-            )
+    if prepared.is_panel:
+        rows = jnp.asarray(
+            np.concatenate([np.arange(lo, hi) for lo, hi in prepared.ranges("val", walk=True)]),
+            jnp.int32,
         )
-    )
+        one = lambda params, vmin, dz: panel_walk.value_spread_rows(
+            model, params, market, env_params, rows, vmin, dz
+        )
+    else:
+        vlo, vhi = prepared.eval_range("val")
+        one = lambda params, vmin, dz: walk_lib.value_spread(
+            model, params, market, env_params, vlo, vhi, vmin, dz
+        )
+    spread_fn = jax.jit(jax.vmap(one))
 
     def validate(state: TrainState) -> tuple[list[walk_lib.EvalResult], np.ndarray]:
         results = [walk_seed(agent, prepared, eval_cfg, state, "val", s) for s in range(num_seeds)]
