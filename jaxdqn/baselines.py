@@ -1,5 +1,7 @@
 """``python -m jaxdqn.baselines [--config PATH] [key=value ...]``: the baselines' val and test
-metrics (:mod:`jaxdqn.evaluation.baselines`) as a table.
+metrics (:mod:`jaxdqn.evaluation.baselines`) as a table; on a panel the table of the
+``eval.select_on`` statistic over instruments, then each instrument's Sharpe per baseline
+(:mod:`jaxdqn.evaluation.panel_baselines`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from jaxdqn.evaluation.baselines import (
     oracle_execution,
     run_baselines,
 )
-from jaxdqn.market.market import Prepared, prepare
+from jaxdqn.evaluation.panel_baselines import run_panel_baselines
+from jaxdqn.market.market import PanelPrepared, Prepared, prepare
 from jaxdqn.program import cli, runtime
 
 __all__ = ["format_table", "main"]
@@ -47,6 +50,8 @@ def _main(argv: Sequence[str] | None) -> int:
     runtime.configure_from_args(args)
     cfg = cli.load_config(args)
     prepared = prepare(cfg)
+    if prepared.is_panel:
+        return _panel(cfg, prepared)
     table = run_baselines(cfg, prepared)
     source = prepared.df.attrs.get("source", cfg.data.source)
     print(
@@ -64,6 +69,25 @@ def _main(argv: Sequence[str] | None) -> int:
             f"{cfg.env.limit_through_bps:g} bps)"
         )
     print(format_table(table, prepared))
+    return 0
+
+
+def _panel(cfg, prepared: PanelPrepared) -> int:
+    base = run_panel_baselines(cfg, prepared)
+    print(
+        f"baselines on a panel of {len(prepared.names)} instruments: full-size market orders at "
+        f"the next open; half-spread {cfg.env.half_spread_bps:g} bps + commission "
+        f"{cfg.env.commission_bps:g} bps; max leverage {cfg.env.max_leverage:g}"
+    )
+    for note in prepared.notes():
+        print(note)
+    fmt = lambda v: f"{v:.3f}"
+    for split in ("val", "test"):
+        print(f"\n{split}: the {cfg.eval.select_on} over instruments of each metric")
+        print(base.table[split][list(TABLE_METRICS)].to_string(float_format=fmt, na_rep="nan"))
+        sharpe = pd.DataFrame({name: t[(split, "sharpe")] for name, t in base.tables.items()}).T
+        print(f"\n{split}: Sharpe per instrument")
+        print(sharpe.to_string(float_format=fmt, na_rep="nan"))
     return 0
 
 

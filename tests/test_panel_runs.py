@@ -190,3 +190,17 @@ def test_e3_walkforward_refuses_a_panel_with_one_line():
         cfg = config.load(None, extra)
         with pytest.raises(config.ConfigError, match="the data names a panel"):
             walkforward.make_plan(cfg)
+
+
+def test_e3_baselines_cli_prints_a_panel_instrument_by_instrument(capsys):
+    from jaxdqn import baselines
+
+    assert baselines.main([*PANEL, "data.synthetic.num_bars=400"]) == 0
+    out = capsys.readouterr().out
+    assert "baselines on a panel of 3 instruments" in out
+    assert "test: the mean over instruments of each metric" in out
+    assert "test: Sharpe per instrument" in out
+    rows = [
+        line.split()[0] for line in out.split("test: Sharpe per instrument")[1].splitlines()[2:]
+    ]
+    assert rows == NAMES
