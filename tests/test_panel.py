@@ -284,7 +284,7 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
     import jax
 
     from jaxdqn.agent.build import build_agent, make_init
-    from jaxdqn.evaluation import baselines, panel_walk
+    from jaxdqn.evaluation import baselines, cost_stress, panel_walk
     from jaxdqn.evaluation import walk as walk_lib
     from jaxdqn.market import panel_market
     from jaxdqn.program.walks import seed_policy_params
@@ -302,10 +302,10 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
     offsets = [i.offset for i in pm.instruments]
     dates = [pm.dates_of(i) for i in range(3)]
     policies = {
-        "signal": (baselines.follow_signal, baselines.device_signal(sig), None),
-        "agent": (agent.acting.eval_policy, seed_policy_params(agent, state, 0), None),
+        "signal": (baselines.follow_signal, baselines.device_signal(sig)),
+        "agent": (agent.acting.eval_policy, seed_policy_params(agent, state, 0)),
     }
-    for what, (fn, params, _) in policies.items():
+    for what, (fn, params) in policies.items():
         walks = panel_walk.stress_walk_panel(
             pm.market,
             pm.env_params,
@@ -328,8 +328,6 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
                     sig._replace(direction=sig.direction[rows], scale=sig.scale[rows])
                 )
             for m, k in enumerate((0.0, 1.0)):
-                from jaxdqn.evaluation import cost_stress
-
                 ref = cost_stress.stress_walk(
                     market,
                     pm.env_params,

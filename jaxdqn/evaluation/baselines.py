@@ -70,6 +70,7 @@ __all__ = [
     "ORACLE_EXECUTIONS",
     "TABLE_METRICS",
     "Signal",
+    "best_execution",
     "buy_and_hold_signal",
     "describe_execution",
     "device_signal",
@@ -85,6 +86,7 @@ __all__ = [
     "signal_policy",
     "signals",
     "vol_target_signal",
+    "walk_jobs",
 ]
 
 BASELINE_NAMES = (
@@ -306,6 +308,29 @@ def policies(
     return out
 
 
+def walk_jobs(sigs: dict[str, Signal]) -> dict[str, tuple[evaluate.PolicyFn, Signal | None]]:
+    """Every baseline walk of :func:`run_baselines`, in table order: name → ``(policy_fn,
+    policy_params)`` (``random`` without parameters; on the synthetic market every
+    :data:`ORACLE_EXECUTIONS` row instead of ``oracle``, which copies the best of them)."""
+    jobs: dict[str, tuple[evaluate.PolicyFn, Signal | None]] = {}
+    for name in BASELINE_NAMES:
+        if name == "random":
+            jobs[name] = (random_policy, None)
+        elif name in sigs and name != "oracle":
+            jobs[name] = (follow_signal, device_signal(sigs[name]))
+    if "oracle" in sigs:
+        for name, execution in ORACLE_EXECUTIONS.items():
+            jobs[name] = (follow_signal, device_signal(sigs["oracle"], execution))
+    return jobs
+
+
+def best_execution(val_sharpe: Sequence[float]) -> str:
+    """The :data:`ORACLE_EXECUTIONS` name with the highest val Sharpe (``val_sharpe`` in their
+    order; NaN counts as worst, ties go to the first)."""
+    score = np.nan_to_num(np.asarray(val_sharpe, dtype=np.float64), nan=-np.inf)
+    return list(ORACLE_EXECUTIONS)[int(np.argmax(score))]
+
+
 def run_baselines(
     cfg: config.Config,
     prepared: market_setup.Prepared | None = None,
@@ -348,15 +373,7 @@ def run_baselines(
             policy_params=params,
         )
 
-    jobs: dict[str, tuple[evaluate.PolicyFn, Signal | None]] = {}
-    for name in BASELINE_NAMES:
-        if name == "random":
-            jobs[name] = (random_policy, None)
-        elif name in sigs and name != "oracle":
-            jobs[name] = (follow_signal, device_signal(sigs[name]))
-    if "oracle" in sigs:
-        for name, execution in ORACLE_EXECUTIONS.items():
-            jobs[name] = (follow_signal, device_signal(sigs["oracle"], execution))
+    jobs = walk_jobs(sigs)
 
     rows: dict[str, dict[tuple[str, str], float]] = {}
     walked: dict[tuple[str, str], evaluate.EvalResult] = {}
@@ -370,9 +387,9 @@ def run_baselines(
 
     best = None
     if "oracle" in sigs:
-        val_sharpe = [walked[(name, "val")].metrics["sharpe"] for name in ORACLE_EXECUTIONS]
-        score = np.nan_to_num(np.asarray(val_sharpe, dtype=np.float64), nan=-np.inf)
-        best = list(ORACLE_EXECUTIONS)[int(np.argmax(score))]  # first of ties
+        best = best_execution(
+            [walked[(name, "val")].metrics["sharpe"] for name in ORACLE_EXECUTIONS]
+        )
         rows["oracle"] = rows[best]
         for split in splits:
             walked[("oracle", split)] = walked[(best, split)]

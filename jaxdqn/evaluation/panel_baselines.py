@@ -70,15 +70,7 @@ def run_panel_baselines(
         )
         for name, ps in parts.items()
     }
-    jobs = {}
-    for name in base_lib.BASELINE_NAMES:
-        if name == "random":
-            jobs[name] = (base_lib.random_policy, None)
-        elif name in sigs and name != "oracle":
-            jobs[name] = (base_lib.follow_signal, base_lib.device_signal(sigs[name]))
-    if "oracle" in sigs:
-        for name, execution in base_lib.ORACLE_EXECUTIONS.items():
-            jobs[name] = (base_lib.follow_signal, base_lib.device_signal(sigs["oracle"], execution))
+    jobs = base_lib.walk_jobs(sigs)
 
     offsets = [inst.offset for inst in prepared.instruments]
     dates = [prepared.dates_of(i) for i in range(len(names))]
@@ -100,11 +92,10 @@ def run_panel_baselines(
 
     chosen: list[str | None] = [None] * len(names)
     if "oracle" in sigs:
-        executions = list(base_lib.ORACLE_EXECUTIONS)
         for i in range(len(names)):
-            score = [walked[(e, "val")][i].metrics["sharpe"] for e in executions]
-            score = np.nan_to_num(np.asarray(score, dtype=np.float64), nan=-np.inf)
-            chosen[i] = executions[int(np.argmax(score))]
+            chosen[i] = base_lib.best_execution(
+                [walked[(e, "val")][i].metrics["sharpe"] for e in base_lib.ORACLE_EXECUTIONS]
+            )
         for split in splits:
             walked[("oracle", split)] = [walked[(e, split)][i] for i, e in enumerate(chosen)]
 

@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
-from jaxdqn.program.formats import as_float
+from jaxdqn.program.formats import as_float, fixed, markdown_table
 
 __all__ = ["INSTRUMENT_METRICS", "panel_section", "plot_instrument_sharpe"]
 
@@ -23,15 +23,10 @@ INSTRUMENT_METRICS = ("sharpe", "annual_return", "max_drawdown", "annual_turnove
 """The per-instrument table's metrics, for the agent and each baseline."""
 
 
-def _n(v: Any) -> str:
-    f = as_float(v)
-    return "nan" if not np.isfinite(f) else f"{f:.3f}"
-
-
 def _interval(d: Mapping[str, Any] | None) -> str:
     if not d:
         return "nan"
-    return f"{_n(d.get('sharpe'))} [{_n(d.get('low'))}, {_n(d.get('high'))}]"
+    return f"{fixed(d.get('sharpe'))} [{fixed(d.get('low'))}, {fixed(d.get('high'))}]"
 
 
 def plot_instrument_sharpe(run_dir: Path, instruments: Mapping[str, Any], split: str) -> str:
@@ -85,57 +80,52 @@ def panel_section(summary: Mapping[str, Any], run_dir: Path, splits=("val", "tes
         "(rebalanced every bar over the instruments that have it) against each baseline's "
         "equal-weight portfolio.",
         "",
-        "| split | mean Sharpe [CI] | median Sharpe [CI] | buy-and-hold mean / median | "
-        "beats buy-and-hold |",
-        "| --- | ---: | ---: | ---: | ---: |",
     ]
-    level = None
+    level, rows = None, []
     for split in splits:
         c = (panel.get("cross_section") or {}).get(split) or {}
         level = c.get("confidence", level)
         bh = c.get("buy_and_hold") or {}
         frac = as_float(c.get("beats_buy_and_hold"))
-        lines.append(
-            f"| {split} | {_interval(c.get('mean'))} | {_interval(c.get('median'))} | "
-            f"{_n(bh.get('mean'))} / {_n(bh.get('median'))} | "
-            + ("nan" if not np.isfinite(frac) else f"{100 * frac:.0f} %")
-            + " |"
+        rows.append(
+            [
+                split,
+                _interval(c.get("mean")),
+                _interval(c.get("median")),
+                f"{fixed(bh.get('mean'))} / {fixed(bh.get('median'))}",
+                "nan" if not np.isfinite(frac) else f"{100 * frac:.0f} %",
+            ]
         )
+    head = ["split", "mean Sharpe [CI]", "median Sharpe [CI]", "buy-and-hold mean / median"]
+    lines += markdown_table([*head, "beats buy-and-hold"], rows)
     if level is not None:
         lines += [
             "",
             f"Intervals: {round(100 * float(level))} % percentile bootstrap, instruments and "
             "seeds resampled.",
         ]
-    lines += ["", "### Equal-weight portfolios", ""]
     cols = INSTRUMENT_METRICS
-    lines += [
-        "| split | strategy | " + " | ".join(cols) + " |",
-        "| --- | --- |" + " ---: |" * len(cols),
-    ]
+    rows = []
     for split in splits:
         pf = (panel.get("portfolio") or {}).get(split) or {}
-        rows = [("**agent**", pf.get("agent") or {})]
-        rows += list((pf.get("baselines") or {}).items())
-        for name, m in rows:
-            lines.append(f"| {split} | {name} | " + " | ".join(_n(m.get(k)) for k in cols) + " |")
+        strategies = [("**agent**", pf.get("agent") or {}), *(pf.get("baselines") or {}).items()]
+        for name, m in strategies:
+            rows.append([f"{split}: {name}", *(fixed(m.get(k)) for k in cols)])
+    lines += ["", "### Equal-weight portfolios", "", *markdown_table(["strategy", *cols], rows)]
     lines += ["", "### Per instrument", ""]
+    first = next(iter(instruments.values())).get("baselines") or {}
+    base_names = [b for b in first if b not in ORACLE_EXECUTIONS and b != "flat"]
+    head = ["instrument", *("agent " + k for k in cols), *(f"{b} sharpe" for b in base_names)]
     for split in splits:
-        base_names = [
-            b
-            for b in (next(iter(instruments.values())).get("baselines") or {})
-            if b not in ORACLE_EXECUTIONS and b != "flat"
-        ]
-        head = ["agent " + k for k in cols] + [f"{b} sharpe" for b in base_names]
-        lines += [f"#### {split}", "", "| instrument | " + " | ".join(head) + " |"]
-        lines.append("| --- |" + " ---: |" * len(head))
+        rows = []
         for name, entry in instruments.items():
-            agent = entry.get(split) or {}
-            base = entry.get("baselines") or {}
-            cells = [_n(agent.get(k)) for k in cols]
-            cells += [_n(((base.get(b) or {}).get(split) or {}).get("sharpe")) for b in base_names]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
+            agent, base = entry.get(split) or {}, entry.get("baselines") or {}
+            cells = [fixed(agent.get(k)) for k in cols]
+            cells += [
+                fixed(((base.get(b) or {}).get(split) or {}).get("sharpe")) for b in base_names
+            ]
+            rows.append([name, *cells])
+        lines += [f"#### {split}", "", *markdown_table(head, rows), ""]
     png = plot_instrument_sharpe(run_dir, instruments, splits[-1])
     lines += [f"![Sharpe per instrument]({png})", ""]
     return lines
