@@ -8,39 +8,38 @@ bars (bootstrap intervals, PSR, DSR over the run's val trials in ``metrics.jsonl
 (evaluate on another instrument, or on another panel); the network must match the checkpoint.
 On a panel the log has an ``instrument`` column, the statistics are those of the equal-weight
 portfolios, and ``metrics_<split>.json`` adds ``instruments`` (each instrument's agent and
-baseline metrics) and ``panel`` (the cross-section; :mod:`jaxdqn.program.panel_results`). Bad
-config or data: one line on stderr, exit code 2.
+baseline metrics) and ``panel`` (the cross-section; :mod:`jaxdqn.program.panel_results`), and
+``portfolio_<split>.csv`` and ``baselines_instruments_<split>.csv`` are written too.
+
+``RUN_DIR`` may be a panel's walk-forward (``python -m jaxdqn.walkforward``): every fold's
+checkpoint is evaluated on its own test dates with the same overrides (e.g. instruments no fold
+trained on: ``data.instruments=[...]``) into ``OUT/fold_<k>/``, and the folds are stitched
+instrument by instrument into ``OUT/metrics_test.json`` and ``stitched_instruments_test.csv``
+(:mod:`jaxdqn.program.evaluate_run`). Bad config or data: one line on stderr, exit code 2; a
+checkpoint that cannot be restored: exit code 1.
 """
 
 from __future__ import annotations
 
-EVAL_OVERRIDABLE = ("data.", "env.", "eval.", "seed=")
-
 
 def _main(argv) -> int:
     import argparse
-    import json
     import sys
     from pathlib import Path
 
-    import jax
-
     from jaxdqn import config as config_lib
-    from jaxdqn.agent.build import build_agent, make_init
-    from jaxdqn.evaluation.baselines import run_baselines
-    from jaxdqn.evaluation.panel_baselines import run_panel_baselines
-    from jaxdqn.market import market as market_lib
-    from jaxdqn.program import checkpoint, panel_results, run_statistics, runtime
-    from jaxdqn.program.results import write_eval_log
-    from jaxdqn.program.walks import walk_seed
+    from jaxdqn.program import checkpoint, evaluate_run, run_statistics, runtime
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.evaluate",
         description="Walk a saved agent deterministically over a split and write its per-bar "
         "log and metrics. Data, env (costs) and eval keys may be overridden, e.g. "
-        "data.source=csv data.path=other.csv to evaluate on another instrument.",
+        "data.source=csv data.path=other.csv to evaluate on another instrument. RUN_DIR may be "
+        "a panel's walk-forward: every fold is evaluated on its own test dates and stitched.",
     )
-    parser.add_argument("run_dir", help="a run directory written by python -m jaxdqn.train")
+    parser.add_argument(
+        "run_dir", help="a run directory of python -m jaxdqn.train (or a panel's walk-forward)"
+    )
     parser.add_argument("--split", choices=("val", "test"), default="test")
     parser.add_argument(
         "--checkpoint", default="best", help="best | latest | a checkpoint step (default best)"
@@ -53,16 +52,7 @@ def _main(argv) -> int:
     runtime.configure_from_args(args)
 
     run_dir = Path(args.run_dir)
-    saved = run_dir / "config.yaml"
-    if not saved.exists():
-        raise config_lib.ConfigError(f"{run_dir}: no config.yaml (not a jaxdqn run directory)")
-    for item in args.overrides:
-        if not item.startswith(EVAL_OVERRIDABLE):
-            key = item.split("=", 1)[0]
-            raise config_lib.ConfigError(
-                f"{key}: evaluation may override only data.*, env.*, eval.* and seed "
-                "(the network must match the checkpoint)"
-            )
+    evaluate_run.check_overrides(args.overrides)
     which = args.checkpoint
     if which not in ("best", "latest"):
         try:
@@ -71,76 +61,50 @@ def _main(argv) -> int:
             raise config_lib.ConfigError(
                 f"--checkpoint: expected best, latest or a step number, got {which!r}"
             ) from None
-    cfg = config_lib.load(saved, args.overrides)
-    prepared = market_lib.prepare(cfg)
-    agent = build_agent(cfg, prepared)
-    num_seeds = cfg.train.num_seeds
-    # The restore template: the abstract seed-stacked train state (nothing is computed).
-    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), num_seeds)
-    template = jax.eval_shape(make_init(agent, num_seeds=num_seeds), prepared.market, keys)
-    ckpt = checkpoint.Checkpointer(
-        run_dir / "checkpoints", keep_latest=cfg.train.keep_latest, keep_best=cfg.train.keep_best
-    )
+    out = Path(args.out) if args.out else run_dir / "eval"
     try:
-        steps = ckpt.steps()
-        if not steps:
-            raise config_lib.ConfigError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
-        if isinstance(which, int) and which not in steps:
-            shown = ", ".join(map(str, steps))
-            raise config_lib.ConfigError(
-                f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
-            )
-        state, _, step = ckpt.restore(which, template)
+        if (run_dir / "walkforward_plan.json").exists():
+            if args.split != "test":
+                raise config_lib.ConfigError(
+                    f"--split {args.split}: a walk-forward is evaluated on its folds' test "
+                    "segments (--split test)"
+                )
+            payload = evaluate_run.evaluate_walkforward(run_dir, which, args.overrides, out)
+            _print_stitched(payload)
+            print(f"wrote {out / 'metrics_test.json'} and every fold's files in {out}")
+            return 0
+        ev = evaluate_run.evaluate_run(run_dir, args.split, which, args.overrides, out)
     except checkpoint.CheckpointError as e:
         print(f"python -m jaxdqn.evaluate: error: {e}", file=sys.stderr)
         return 1
-    finally:
-        ckpt.close()
-    out = Path(args.out) if args.out else run_dir / "eval"
-    out.mkdir(parents=True, exist_ok=True)
-    results = [walk_seed(agent, prepared, cfg.eval, state, args.split, s) for s in range(num_seeds)]
-    log_path = write_eval_log(out / f"eval_{args.split}.csv", [r.log for r in results])
-    base_logs: dict = {}
-    stat_logs, panel = [r.log for r in results], {}
-    if prepared.is_panel:
-        base = run_panel_baselines(cfg, prepared, splits=(args.split,))
-        portfolios = panel_results.portfolio_logs({args.split: results}, base)
-        stat_logs, base_logs = portfolios[0][args.split], portfolios[1]
-        walks = {args.split: results}
-        panel = panel_results.panel_entries(cfg, prepared, walks, base, portfolios)
-    else:
-        run_baselines(cfg, prepared, splits=(args.split,), logs=base_logs)
-    stats = run_statistics.split_statistics(
-        cfg,
-        stat_logs,
-        base_logs,
-        args.split,
-        run_statistics.selection_trials(run_dir),
-        bars_per_year=prepared.bars_per_year,
-    )
-    payload = {
-        "run_dir": str(run_dir),
-        "checkpoint_step": step,
-        "split": args.split,
-        "overrides": list(args.overrides),
-        "bar_clock": prepared.bar_clock.to_json(),
-        "seeds": [r.metrics for r in results],
-        "statistics": stats,
-        **panel,
-    }
-    metrics_path = out / f"metrics_{args.split}.json"
-    metrics_path.write_text(json.dumps(payload, indent=2, default=float))
-    for s, r in enumerate(results):
-        m = r.metrics
+    for s, m in enumerate(ev.payload["seeds"]):
         print(
             f"seed {s}: sharpe {m['sharpe']:.3f}  sortino {m['sortino']:.3f}  "
             f"max_drawdown {m['max_drawdown']:.3f}  annual_return {m['annual_return']:.3f}  "
             f"turnover {m['turnover']:.4f}"
         )
-    for line in run_statistics.summary_lines(stats):
+    for line in run_statistics.summary_lines(ev.payload["statistics"]):
         print(line)
-    print(f"checkpoint {step}; wrote {log_path} and {metrics_path}")
+    print(f"checkpoint {ev.payload['checkpoint_step']}; wrote {ev.log_path} and {ev.metrics_path}")
     return 0
+
+
+def _print_stitched(payload) -> None:
+    from jaxdqn.program.formats import fixed
+
+    cross = payload["panel"]["cross_section"]["test"]
+    mean, ref = cross["mean"], cross["buy_and_hold"]
+    beats = cross.get("beats_buy_and_hold")
+    print(
+        f"{len(payload['folds'])} folds, {cross['instruments']} instruments: mean stitched test "
+        f"Sharpe {fixed(mean['sharpe'])} [{fixed(mean['low'])}, {fixed(mean['high'])}] "
+        f"(buy-and-hold {fixed(ref['mean'])}); beats buy-and-hold on "
+        + ("nan" if beats is None else f"{100 * beats:.0f} %")
+        + " of them"
+    )
+    for name, entry in payload["instruments"].items():
+        bh = entry["baselines"].get("buy_and_hold", {}).get("test", {}).get("sharpe")
+        print(f"  {name}: sharpe {fixed(entry['test']['sharpe'])}  buy-and-hold {fixed(bh)}")
 
 
 def main(argv=None) -> int:

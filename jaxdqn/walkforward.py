@@ -10,6 +10,13 @@ baselines' walks through the same folds, are stitched into one series. Writes
 ``RUN_DIR/walkforward.json``, ``walkforward.md`` (with its plots) and ``stitched_test.csv``
 (:mod:`jaxdqn.program.walkforward_results` has the schema).
 
+On a panel the folds are planned on the panel's calendar and cut every instrument at the same
+dates (``data.split = dates`` in each fold's config); an instrument too short for a fold is
+refused by name, or dropped from that fold when ``data.min_bars`` > 0. The stitched series is
+the equal-weight portfolio of the per-instrument agents; each instrument's test segments are
+stitched too (``stitched_instruments_test.csv``, the cross-section in ``walkforward.json``'s
+``panel``).
+
 Example (the bundled S&P 500, CPU default config: 4 anchored folds, val and test 1 year each,
 5 purged bars; these are also the defaults of the section)::
 
@@ -34,6 +41,10 @@ from pathlib import Path
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
 from jaxdqn.program import cli, runtime
+
+
+def _num(x) -> str:
+    return "nan" if x is None else f"{float(x):.3f}"
 
 
 def choose_run_dir(run_dir: str | None, root: str = "runs") -> Path:
@@ -107,9 +118,19 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     st = result["stitched"]
     bh = st["baselines"].get("buy_and_hold", {}).get("sharpe")
+    cross = ((result.get("panel") or {}).get("cross_section") or {}).get("test")
+    across = ""
+    if cross:
+        mean, ref = cross["mean"], cross["buy_and_hold"]
+        across = (
+            f"; across {cross['instruments']} instruments mean test Sharpe "
+            f"{_num(mean['sharpe'])} [{_num(mean['low'])}, {_num(mean['high'])}] "
+            f"(buy-and-hold {_num(ref['mean'])})"
+        )
+    what = "equal-weight portfolio's stitched" if cross else "stitched"
     print(
-        f"done: {len(result['folds'])} folds, stitched test Sharpe {st['mean']['sharpe']:.3f} "
-        f"(buy-and-hold {float('nan') if bh is None else bh:.3f}) over {st['bars']} bars; "
+        f"done: {len(result['folds'])} folds, {what} test Sharpe {st['mean']['sharpe']:.3f} "
+        f"(buy-and-hold {_num(bh)}) over {st['bars']} bars{across}; "
         f"report: {run_dir / 'walkforward.md'}",
         flush=True,
     )

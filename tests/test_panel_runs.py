@@ -182,16 +182,6 @@ def test_e3_panel_cross_section_statistics_against_hand_values():
     assert same["beats_buy_and_hold"] == 1.0
 
 
-def test_e3_walkforward_refuses_a_panel_with_one_line():
-    from jaxdqn import config
-    from jaxdqn.program import walkforward
-
-    for extra in (["data.source=sp500_20"], PANEL):
-        cfg = config.load(None, extra)
-        with pytest.raises(config.ConfigError, match="the data names a panel"):
-            walkforward.make_plan(cfg)
-
-
 def test_e3_baselines_cli_prints_a_panel_instrument_by_instrument(capsys):
     from jaxdqn import baselines
 

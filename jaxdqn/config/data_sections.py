@@ -3,11 +3,36 @@ synthetic market or a synthetic panel) and how they are split."""
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
-from jaxdqn.config.fields import _f, _sub
+from jaxdqn.config.fields import ConfigError, _f, _sub
 
-__all__ = ["DataConfig", "SyntheticConfig", "SyntheticInstrument"]
+__all__ = ["DataConfig", "SyntheticConfig", "SyntheticInstrument", "date_range"]
+
+
+def date_range(key: str, values: tuple[str, ...]) -> tuple[datetime.datetime, datetime.datetime]:
+    """``[first, last]`` of ``data.<key>`` (split=dates) as the half-open ``[start, stop)`` of
+    the timestamps it holds: ``first`` itself, and the instant after ``last`` — the next day's
+    midnight when ``last`` is a bare date (the whole day belongs to it), else ``last`` plus one
+    microsecond.
+
+    Raises:
+      ConfigError: not two ISO dates or timestamps, or ``last`` before ``first``.
+    """
+    if len(values) != 2:
+        raise ConfigError(f"data.{key}: split=dates needs [first, last], got {list(values)}")
+    try:
+        first, last = (datetime.datetime.fromisoformat(str(v)) for v in values)
+    except ValueError:
+        raise ConfigError(
+            f"data.{key}: not ISO dates or timestamps (YYYY-MM-DD[THH:MM:SS]): {list(values)}"
+        ) from None
+    bare = len(str(values[1]).strip()) == 10
+    stop = last + (datetime.timedelta(days=1) if bare else datetime.timedelta(microseconds=1))
+    if stop <= first:
+        raise ConfigError(f"data.{key}: its last date is before its first: {list(values)}")
+    return first, stop
 
 
 @dataclass(frozen=True)
@@ -118,8 +143,10 @@ class DataConfig:
     )
     split: str = _f(
         "date",
-        "how train/val/test are cut: by dates, by fractions, or as explicit bar ranges (bars)",
-        choices=("date", "fraction", "bars"),
+        "how train/val/test are cut: at two dates (date), as three date ranges (dates: the "
+        "same calendar for every instrument of a panel), by fractions, or as explicit bar "
+        "ranges (bars)",
+        choices=("date", "dates", "fraction", "bars"),
     )
     train_end: str = _f("2012-12-31", "last date of the train split (split=date)")
     val_end: str = _f("2015-12-31", "last date of the val split; test runs to the end (split=date)")
@@ -133,6 +160,18 @@ class DataConfig:
     )
     test_bars: tuple[int, ...] = _f(
         (), "[start, stop): test rows (split=bars); test start >= val stop, stop <= the bars"
+    )
+    train_dates: tuple[str, ...] = _f(
+        (),
+        "[first, last]: the train split's bars, both included (split=dates; a bare date holds "
+        "the whole day; a panel's walk-forward fold writes them); earlier bars only feed the "
+        "features",
+    )
+    val_dates: tuple[str, ...] = _f(
+        (), "[first, last]: val bars (split=dates); first after train's last (a gap = purge)"
+    )
+    test_dates: tuple[str, ...] = _f(
+        (), "[first, last]: test bars (split=dates); first after val's last; later bars unused"
     )
     min_split_rows: int = _f(
         20, "fewest bars each of train (after the feature warmup), val and test may have", lo=2

@@ -42,7 +42,12 @@ from jaxdqn.config.agent_sections import (
     OptimConfig,
     ReplayConfig,
 )
-from jaxdqn.config.data_sections import DataConfig, SyntheticConfig, SyntheticInstrument
+from jaxdqn.config.data_sections import (
+    DataConfig,
+    SyntheticConfig,
+    SyntheticInstrument,
+    date_range,
+)
 from jaxdqn.config.fields import ConfigError, _f, _sub
 
 __all__ = [
@@ -375,6 +380,8 @@ def check_cross_fields(cfg: Config) -> None:
         raise ConfigError("baselines.macd_slow: must be greater than baselines.macd_fast")
     if d.split == "bars":
         _check_bar_ranges(d)
+    if d.split == "dates":
+        _check_date_ranges(d)
     _check_cost_multiples(cfg.eval.cost_multiples)
     _check_walkforward(cfg.walkforward)
 
@@ -404,6 +411,17 @@ def _check_bar_ranges(d: DataConfig) -> None:
         raise ConfigError("data.val_bars: must start at or after the end of data.train_bars")
     if d.test_bars[0] < d.val_bars[1]:
         raise ConfigError("data.test_bars: must start at or after the end of data.val_bars")
+
+
+def _check_date_ranges(d: DataConfig) -> None:
+    """split=dates: three ordered, non-overlapping [first, last] date ranges (gaps allowed)."""
+    keys = ("train_dates", "val_dates", "test_dates")
+    spans = [date_range(k, getattr(d, k)) for k in keys]
+    for i in (1, 2):
+        if spans[i][0] < spans[i - 1][1]:
+            raise ConfigError(
+                f"data.{keys[i]}: must start after the last date of data.{keys[i - 1]}"
+            )
 
 
 def _check_cost_multiples(multiples: tuple[float, ...]) -> None:

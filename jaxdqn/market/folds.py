@@ -32,6 +32,12 @@ first bar and holds every earlier test segment, so an anchored plan takes no emb
 Each fold is trained from scratch on its own ranges (``data.split = bars`` with these ranges:
 :meth:`Fold.data_config`), so its features are normalised on its own train rows only and its
 walks never reach past its test segment.
+
+**Panels.** The folds are planned on the panel's calendar (:func:`calendar`: the union of its
+instruments' dates) and each fold's ranges become the dates of their first and last bar
+(``data.split = dates``: :meth:`Fold.date_config`), which cut every instrument at the same
+dates, each on its own bars (an instrument with a gap or a later start has fewer bars in a
+range; one with too few is dropped or refused as ``data.min_bars`` says).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from jaxdqn.config import DataConfig, WalkForwardConfig
 from jaxdqn.market.data import DataError
 from jaxdqn.market.splits import split as split_rows
 
-__all__ = ["Fold", "check_folds", "embargo_zones", "plan_folds"]
+__all__ = ["Fold", "calendar", "check_folds", "embargo_zones", "plan_folds", "stamp"]
 
 
 class Fold(NamedTuple):
@@ -61,6 +67,35 @@ class Fold(NamedTuple):
         return dataclasses.replace(
             data, split="bars", train_bars=self.train, val_bars=self.val, test_bars=self.test
         )
+
+    def date_config(self, data: DataConfig, dates: pd.DatetimeIndex) -> DataConfig:
+        """``data`` with ``split = dates`` and this fold's ranges as the dates of their first and
+        last bar in ``dates`` (a panel's calendar: every instrument is cut at the same dates)."""
+
+        def span(r: tuple[int, int]) -> tuple[str, str]:
+            return stamp(dates[r[0]]), stamp(dates[r[1] - 1])
+
+        return dataclasses.replace(
+            data,
+            split="dates",
+            train_dates=span(self.train),
+            val_dates=span(self.val),
+            test_dates=span(self.test),
+        )
+
+
+def stamp(ts: pd.Timestamp) -> str:
+    """A bar's timestamp as config and JSON write it: the ISO date of a bar at midnight, else the
+    ISO timestamp."""
+    return ts.date().isoformat() if ts == ts.normalize() else ts.isoformat()
+
+
+def calendar(indexes) -> pd.DatetimeIndex:
+    """The sorted union of a panel's instruments' timestamps (the panel's calendar)."""
+    out = pd.DatetimeIndex([])
+    for index in indexes:
+        out = out.union(pd.DatetimeIndex(index))
+    return out.sort_values()
 
 
 def _months(years: float) -> pd.DateOffset:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jaxdqn.config import Config
+from jaxdqn.config import Config, DataConfig
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data, env
 from jaxdqn.market import features as features_lib
@@ -42,7 +42,7 @@ from jaxdqn.market.errors import DataError
 from jaxdqn.market.market_data import with_episodes
 from jaxdqn.market.panel import Panel
 
-__all__ = ["SAMPLING", "Instrument", "PanelPrepared", "prepare_panel"]
+__all__ = ["SAMPLING", "Instrument", "PanelPrepared", "admit", "prepare_panel"]
 
 
 class Instrument(NamedTuple):
@@ -154,6 +154,35 @@ SAMPLING = ("length", "uniform")
 """How a training episode picks its instrument: in proportion to its train bars, or uniformly."""
 
 
+def admit(
+    panel: Panel, data_cfg: DataConfig, warmup: int
+) -> tuple[list[tuple[str, pd.DataFrame, splits_lib.Splits]], list[str]]:
+    """The instruments of ``panel`` that ``data_cfg``'s splits can cut (each with its splits) and
+    the reasons of those dropped: an instrument with fewer than ``data.min_bars`` bars, or too
+    few for one of its splits after the ``warmup``, is dropped when ``data.min_bars`` > 0.
+
+    Raises:
+      DataError: such an instrument when ``data.min_bars`` is 0 (naming it), or none left.
+    """
+    min_bars = data_cfg.min_bars
+    kept, dropped = [], []
+    for name, bars in zip(panel.names, panel.bars, strict=True):
+        if len(bars) < min_bars:
+            dropped.append(f"{name} ({len(bars)} bars < data.min_bars={min_bars})")
+            continue
+        try:
+            sp = splits_lib.split(bars, data_cfg, warmup)
+        except DataError as e:
+            if min_bars > 0:
+                dropped.append(f"{name} ({e})")
+                continue
+            raise DataError(f"instrument {name}: {e} (or set data.min_bars to drop it)") from None
+        kept.append((name, bars, sp))
+    if not kept:
+        raise DataError(f"the panel has no instrument left: {'; '.join(dropped)}")
+    return kept, dropped
+
+
 def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelPrepared:
     """The market of ``panel`` under ``cfg``'s data (splits), features, env and clock settings;
     its training episodes draw an instrument by ``sampling`` (:data:`SAMPLING`) and then a start
@@ -165,26 +194,14 @@ def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelP
       ConfigError: an environment setting the data cannot support (impact without volume).
     """
     first = first_decision(cfg)
-    min_bars = cfg.data.min_bars
-    instruments, markets, dropped, offset = [], [], [], 0
-    for name, bars in zip(panel.names, panel.bars, strict=True):
-        if len(bars) < min_bars:
-            dropped.append(f"{name} ({len(bars)} bars < data.min_bars={min_bars})")
-            continue
-        try:
-            sp = splits_lib.split(bars, cfg.data, first)
-        except DataError as e:
-            if min_bars > 0:
-                dropped.append(f"{name} ({e})")
-                continue
-            raise DataError(f"instrument {name}: {e} (or set data.min_bars to drop it)") from None
+    kept, dropped = admit(panel, cfg.data, first)
+    instruments, markets, offset = [], [], 0
+    for name, bars, sp in kept:
         feats = features_lib.compute_features(bars, cfg.features, sp.train)
         markets.append(env.make_market(bars, feats, cfg.env))
         instruments.append(Instrument(name, offset, bars, sp, feats))
         offset += len(bars)
     drop_notes = [f"dropped instrument {d}" for d in dropped]
-    if not instruments:
-        raise DataError(f"the panel has no instrument left: {'; '.join(dropped)}")
     longest = max(instruments, key=lambda i: i.splits.train[1] - i.splits.train[0])
     bar_clock = resolve_clock(longest.bars, cfg.data.bars_per_year, longest.splits.train)
     market = env.MarketData(

@@ -1,6 +1,7 @@
 """Train / val / test splits (E2): ordered time ranges of the bars, by date, by fraction, or
-as explicit bar ranges (``data.split = bars``, what a walk-forward fold uses: gaps between the
-ranges are purged bars, bars after test are unused)."""
+as explicit bar or date ranges (``data.split = bars`` or ``dates``, what a walk-forward fold
+uses on one instrument or on a panel: gaps between the ranges are purged bars, bars after test
+are unused)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from jaxdqn.config import DataConfig
+from jaxdqn.config.data_sections import date_range
 from jaxdqn.market.errors import DataError, first_line
 
 __all__ = ["Splits", "split"]
@@ -84,6 +86,20 @@ def split(df: pd.DataFrame, cfg: DataConfig, warmup: int) -> Splits:
                 raise DataError(
                     f"{name}: split {which!r} is empty: no bars {labels[which]} ({span})"
                 )
+    elif cfg.split == "dates":
+        index = df.index
+        if not isinstance(index, pd.DatetimeIndex):
+            raise DataError(f"{name}: split=dates needs a date index")
+        rows = []
+        for key in ("train_dates", "val_dates", "test_dates"):
+            start, stop = (pd.Timestamp(t) for t in date_range(key, getattr(cfg, key)))
+            rows.append((int(index.searchsorted(start)), int(index.searchsorted(stop))))
+        out = Splits(*rows)
+        span = f"data covers {index[0]} to {index[-1]}"
+        for which, (lo, hi) in out._asdict().items():
+            if hi <= lo:
+                dates = list(getattr(cfg, f"{which}_dates"))
+                raise DataError(f"{name}: split {which!r} is empty: no bars in {dates} ({span})")
     elif cfg.split == "bars":
         out = Splits(tuple(cfg.train_bars), tuple(cfg.val_bars), tuple(cfg.test_bars))
         if out.test[1] > n:

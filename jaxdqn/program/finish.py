@@ -16,8 +16,9 @@ On a panel every walk is every instrument's (:mod:`jaxdqn.program.walks`): ``eva
 ``instrument`` column, the baselines walk every instrument
 (:mod:`jaxdqn.evaluation.panel_baselines`), ``val``/``test`` and the baselines' table hold the
 ``eval.select_on`` statistic over instruments, the ``statistics`` are those of the equal-weight
-portfolios (``portfolio_*.csv``, ``baselines_*.csv``), and ``instruments`` and ``panel`` are
-added (:mod:`jaxdqn.program.panel_results`).
+portfolios (``portfolio_*.csv``, ``baselines_*.csv``), each baseline's equity on each
+instrument is in ``baselines_instruments_*.csv``, and ``instruments`` and ``panel`` are added
+(:mod:`jaxdqn.program.panel_results`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def finish(
         stat_logs, base_logs = panel_results.portfolio_logs(walks, base)
         for split, frames in stat_logs.items():
             results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
+        panel_results.write_instrument_baselines(run_dir, base, SPLITS)
         panel = panel_results.panel_entries(cfg, prepared, walks, base, (stat_logs, base_logs))
     else:
         table = baselines.run_baselines(cfg, prepared, logs=base_logs)

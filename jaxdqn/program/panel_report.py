@@ -66,21 +66,26 @@ def plot_instrument_sharpe(run_dir: Path, instruments: Mapping[str, Any], split:
     return path.name
 
 
-def panel_section(summary: Mapping[str, Any], run_dir: Path, splits=("val", "test")) -> list[str]:
-    """The Markdown lines of the panel section (none when the run is not a panel's)."""
+def panel_section(
+    summary: Mapping[str, Any],
+    run_dir: Path,
+    splits: tuple[str, ...] = ("val", "test"),
+    intro: str | None = None,
+) -> list[str]:
+    """The Markdown lines of the panel section (none when the run is not a panel's); ``intro``
+    replaces its first paragraph (what the numbers above it are)."""
     panel, instruments = summary.get("panel"), summary.get("instruments")
     if not isinstance(panel, Mapping) or not isinstance(instruments, Mapping):
         return []
     stat = panel.get("select_on", "mean")
-    lines = [
-        f"## Panel: {len(instruments)} instruments",
-        "",
-        f"The results above are the {stat} over instruments of each instrument's metric; the "
-        "statistics are those of the equal-weight portfolio of the per-instrument agents "
-        "(rebalanced every bar over the instruments that have it) against each baseline's "
-        "equal-weight portfolio.",
-        "",
-    ]
+    if intro is None:
+        intro = (
+            f"The results above are the {stat} over instruments of each instrument's metric; "
+            "the statistics are those of the equal-weight portfolio of the per-instrument agents "
+            "(rebalanced every bar over the instruments that have it) against each baseline's "
+            "equal-weight portfolio."
+        )
+    lines = [f"## Panel: {len(instruments)} instruments", "", intro, ""]
     level, rows = None, []
     for split in splits:
         c = (panel.get("cross_section") or {}).get(split) or {}

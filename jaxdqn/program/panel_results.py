@@ -12,11 +12,14 @@
   per-instrument agents against the equal-weight portfolio of each baseline
   (:func:`~jaxdqn.evaluation.panel_statistics.portfolio_log`). The run's ``statistics`` (PSR,
   DSR, SPA, bootstrap) are those portfolios'.
+* ``baselines_instruments_{split}.csv`` (:func:`write_instrument_baselines`): every baseline's
+  equity on every instrument's walk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,11 +27,13 @@ import pandas as pd
 
 from jaxdqn.config import Config
 from jaxdqn.evaluation import panel_statistics
+from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.evaluation.panel_baselines import PanelBaselines
 from jaxdqn.evaluation.panel_walk import PanelResult
 from jaxdqn.market.panel_market import PanelPrepared
+from jaxdqn.program import results
 
-__all__ = ["panel_entries", "portfolio_logs", "seed_mean"]
+__all__ = ["panel_entries", "portfolio_logs", "seed_mean", "write_instrument_baselines"]
 
 
 def seed_mean(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -107,3 +112,18 @@ def panel_entries(
         "portfolio": portfolio,
     }
     return {"instruments": instruments, "panel": panel}
+
+
+def write_instrument_baselines(out_dir: Path, base: PanelBaselines, splits: Sequence[str]) -> None:
+    """``baselines_instruments_{split}.csv`` of every split: each baseline's equity on each
+    instrument's walk (the oracle's chosen execution, not each of its candidates), what a
+    walk-forward stitches instrument by instrument."""
+    for split in splits:
+        logs = {
+            b: r.log
+            for (b, sp), r in base.results.items()
+            if sp == split and b not in ORACLE_EXECUTIONS
+        }
+        results.write_instrument_baselines(
+            Path(out_dir) / results.INSTRUMENT_BASELINES.format(split=split), logs
+        )

@@ -74,13 +74,16 @@ from numpy.typing import ArrayLike
 from jaxdqn.program.formats import to_jsonable
 
 __all__ = [
+    "INSTRUMENT_BASELINES",
     "SPLITS",
     "SUMMARY_FILE",
     "read_baseline_equity",
     "read_eval_log",
+    "read_instrument_baselines",
     "read_summary",
     "write_baseline_equity",
     "write_eval_log",
+    "write_instrument_baselines",
     "write_summary",
     "write_text_atomic",
 ]
@@ -314,3 +317,42 @@ def read_baseline_equity(path: str | os.PathLike) -> pd.DataFrame:
     frame = pd.read_csv(path)
     frame["date"] = _parse_dates(frame["date"])
     return frame.set_index("date")
+
+
+INSTRUMENT_BASELINES = "baselines_instruments_{split}.csv"
+"""A panel run's file of each baseline's equity on each instrument's walk of a split."""
+
+
+def write_instrument_baselines(path: str | os.PathLike, logs: Mapping[str, pd.DataFrame]) -> Path:
+    """Write a panel's ``baselines_instruments_{split}.csv``: columns ``instrument``, ``date``,
+    then one equity column per baseline (each instrument's walk starts at equity 1).
+
+    Args:
+      path: the file.
+      logs: baseline name → its panel walk log (columns ``instrument``, ``date``, ``equity``,
+        in the same instrument and date order for every baseline).
+
+    Raises:
+      ValueError: no baseline, or two baselines walked on different bars.
+    """
+    if not logs:
+        raise ValueError("write_instrument_baselines: no baseline given")
+    first = next(iter(logs.values()))
+    frame = first[["instrument", "date"]].reset_index(drop=True)
+    for name, log in logs.items():
+        if name in ("instrument", "date"):
+            raise ValueError(f"write_instrument_baselines: {name!r} is not a baseline name")
+        keys = log[["instrument", "date"]].reset_index(drop=True)
+        if not keys.equals(frame[["instrument", "date"]]):
+            raise ValueError(f"write_instrument_baselines: {name} walked other bars")
+        frame[str(name)] = log["equity"].to_numpy(dtype=np.float64)
+    path = Path(path)
+    frame.to_csv(path, index=False)
+    return path
+
+
+def read_instrument_baselines(path: str | os.PathLike) -> pd.DataFrame:
+    """``baselines_instruments_{split}.csv`` (``date`` parsed)."""
+    frame = pd.read_csv(path)
+    frame["date"] = _parse_dates(frame["date"])
+    return frame

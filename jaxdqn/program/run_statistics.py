@@ -69,6 +69,17 @@ def selection_trials(run_dir: str | os.PathLike) -> tuple[np.ndarray | None, str
     return (flat if flat.size else None), what
 
 
+def fold_trials(fold_dirs: Sequence[str | os.PathLike]) -> tuple[np.ndarray | None, str]:
+    """:func:`selection_trials` of a walk-forward: every (epoch, seed) val Sharpe of every
+    fold in ``fold_dirs`` (each fold selects its own checkpoint on its own val)."""
+    values = [v for v, _ in map(selection_trials, fold_dirs) if v is not None]
+    what = (
+        f"every seed's val Sharpe at every epoch of each of the {len(fold_dirs)} folds (each fold "
+        "selects its own best checkpoint on its own val)"
+    )
+    return (np.concatenate(values) if values else None), what
+
+
 def _baseline_returns(
     base_logs: Mapping[tuple[str, str], pd.DataFrame], split: str, dates: pd.Series
 ) -> dict[str, np.ndarray]:

@@ -8,6 +8,12 @@ trains fold k with :class:`jaxdqn.program.loop.Trainer` — the same population 
 test walks (``eval_test.csv``, every seed) and baselines (``baselines_test.csv``) are then
 stitched into one out-of-sample series (:mod:`jaxdqn.program.walkforward_results`).
 
+On a panel the folds are planned on the panel's calendar (the union of its instruments' dates)
+and each fold's config cuts every instrument at the fold's dates (``data.split = dates``); the
+plan records the instruments each fold keeps (:func:`jaxdqn.market.panel_market.admit`: one too
+short for a fold is refused by name, or dropped from it when ``data.min_bars`` > 0), and the
+results add every instrument's stitched series (:mod:`jaxdqn.program.walkforward_panel`).
+
 Files of ``RUN_DIR``:
 
 * ``config.yaml`` — the walk-forward's config (each fold's own is in its directory);
@@ -42,7 +48,9 @@ from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import folds as folds_lib
 from jaxdqn.market import market as market_lib
-from jaxdqn.market.panel import is_panel
+from jaxdqn.market import panel as panel_lib
+from jaxdqn.market.errors import DataError
+from jaxdqn.market.panel_market import admit
 from jaxdqn.program import report, walkforward_results
 from jaxdqn.program.results import read_summary, write_text_atomic
 
@@ -52,6 +60,7 @@ __all__ = [
     "fold_config",
     "fold_dir",
     "make_plan",
+    "plan_fold_config",
     "plan_record",
     "run_walkforward",
 ]
@@ -60,7 +69,7 @@ PLAN_FILE = "walkforward_plan.json"
 
 
 class Plan(NamedTuple):
-    """The folds of a walk-forward on its bars."""
+    """The folds of a walk-forward on its bars (a panel's: on its calendar)."""
 
     cfg: Config
     folds: list[folds_lib.Fold]
@@ -69,31 +78,46 @@ class Plan(NamedTuple):
     bar_clock: clock_lib.BarClock
     """One bar clock for every fold and the stitched results (inferred on fold 0's train
     split when ``data.bars_per_year`` is auto)."""
+    instruments: tuple[tuple[str, ...], ...] | None = None
+    """A panel's: the instruments of each fold (None: one instrument)."""
 
 
 def make_plan(cfg: Config) -> Plan:
-    """Load ``cfg``'s bars and plan and check the folds of ``cfg.walkforward``.
+    """Load ``cfg``'s bars and plan and check the folds of ``cfg.walkforward`` (on a panel: on
+    its calendar, each fold cut by dates, with the instruments each fold keeps).
 
     Raises:
-      DataError: unreadable data, or data too short for the folds (naming the fold).
-      ConfigError: the data names a panel (walk-forward plans the folds of one instrument).
+      DataError: unreadable data, or data too short for the folds (naming the fold, and on a
+        panel the instrument when ``data.min_bars`` is 0).
     """
-    d = cfg.data
-    if (
-        d.source == "sp500_20"
-        or (d.synthetic.panel and d.source == "synthetic")
-        or (d.source in ("csv", "parquet") and is_panel(d.path, d.symbol_column))
-    ):
-        raise ConfigError(
-            "walkforward: the data names a panel, and walk-forward folds are planned on one "
-            "instrument's bars; folds by date across a panel are not built yet (issue 29)"
-        )
-    df = data_lib.load(cfg.data)
     first = market_lib.first_decision(cfg)
+    panel = panel_lib.panel_of(cfg.data)
+    if panel is not None:
+        return _panel_plan(cfg, panel, first)
+    df = data_lib.load(cfg.data)
     folds = folds_lib.plan_folds(pd.DatetimeIndex(df.index), cfg.walkforward)
     folds_lib.check_folds(df, folds, cfg.data, first)
     bar_clock = market_lib.resolve_clock(df, cfg.data.bars_per_year, folds[0].train)
     return Plan(cfg, folds, pd.DatetimeIndex(df.index), first, bar_clock)
+
+
+def _panel_plan(cfg: Config, panel: panel_lib.Panel, first: int) -> Plan:
+    """The plan on ``panel``'s calendar; every fold's instruments are admitted (or dropped) by
+    :func:`jaxdqn.market.panel_market.admit` on the fold's date splits, as its training will."""
+    dates = folds_lib.calendar(b.index for b in panel.bars)
+    folds = folds_lib.plan_folds(dates, cfg.walkforward)
+    members, clock_on = [], None
+    for f in folds:
+        try:
+            kept, _ = admit(panel, f.date_config(cfg.data, dates), first)
+        except DataError as e:
+            raise DataError(f"walk-forward fold {f.index}: {e}") from None
+        members.append(tuple(name for name, _, _ in kept))
+        if clock_on is None:  # fold 0: the instrument with the longest train split
+            clock_on = max(kept, key=lambda k: k[2].train[1] - k[2].train[0])
+    _, bars, sp = clock_on
+    bar_clock = market_lib.resolve_clock(bars, cfg.data.bars_per_year, sp.train)
+    return Plan(cfg, folds, dates, first, bar_clock, tuple(members))
 
 
 def fold_config(cfg: Config, fold: folds_lib.Fold, bars_per_year: float | None = None) -> Config:
@@ -105,25 +129,34 @@ def fold_config(cfg: Config, fold: folds_lib.Fold, bars_per_year: float | None =
     return dataclasses.replace(cfg, data=data)
 
 
+def plan_fold_config(plan: Plan, fold: folds_lib.Fold) -> Config:
+    """Fold ``fold``'s run config: :func:`fold_config` at the plan's clock, or on a panel its
+    ranges as dates of the panel's calendar (``data.split = dates``)."""
+    if plan.instruments is None:
+        return fold_config(plan.cfg, fold, plan.bar_clock.bars_per_year)
+    data = dataclasses.replace(
+        fold.date_config(plan.cfg.data, plan.dates),
+        bars_per_year=float(plan.bar_clock.bars_per_year),
+    )
+    return dataclasses.replace(plan.cfg, data=data)
+
+
 def fold_dir(run_dir: Path, k: int) -> Path:
     """Fold k's run directory."""
     return Path(run_dir) / f"fold_{k}"
 
 
-def _stamp(ts: pd.Timestamp) -> str:
-    return ts.date().isoformat() if ts == ts.normalize() else ts.isoformat()
-
-
 def _dates(plan: Plan, lo: int, hi: int) -> list[str]:
-    return [_stamp(plan.dates[lo]), _stamp(plan.dates[hi - 1])]
+    return [folds_lib.stamp(plan.dates[lo]), folds_lib.stamp(plan.dates[hi - 1])]
 
 
 def plan_record(plan: Plan) -> dict[str, Any]:
     """The JSON of ``walkforward_plan.json``: the settings, the bars, and per fold its ranges
-    (``bars``: ``[start, stop)`` rows as configured) and the dates of its first and last bar
-    (``dates``; train from its first decidable bar, the features' warmup excluded)."""
+    (``bars``: ``[start, stop)`` rows as configured, a panel's of its calendar) and the dates of
+    its first and last bar (``dates``; train from its first decidable bar, the features' warmup
+    excluded), and on a panel the fold's ``instruments``."""
     rows = []
-    for f in plan.folds:
+    for k, f in enumerate(plan.folds):
         train = (max(f.train[0], plan.first_decision), f.train[1])
         rows.append(
             {
@@ -134,6 +167,7 @@ def plan_record(plan: Plan) -> dict[str, Any]:
                     "val": _dates(plan, *f.val),
                     "test": _dates(plan, *f.test),
                 },
+                **({} if plan.instruments is None else {"instruments": list(plan.instruments[k])}),
             }
         )
     return {
@@ -160,7 +194,7 @@ def _run_fold(
 
     k, total = fold.index, len(plan.folds)
     fdir = fold_dir(run_dir, k)
-    cfg = fold_config(plan.cfg, fold, plan.bar_clock.bars_per_year)
+    cfg = plan_fold_config(plan, fold)
     if read_summary(fdir) is not None:
         if not (fdir / report.REPORT_FILE).exists():  # killed between summary and report
             report.write_report(fdir)

@@ -6,7 +6,8 @@ test Sharpe of the seed mean, every baseline's test Sharpe) with ``walkforward_f
 agent's test Sharpe per fold against buy-and-hold's); the stitched out-of-sample metrics per
 seed, their mean and every baseline's; the statistics of the stitched returns (bootstrap
 intervals, PSR, DSR, SPA: :func:`jaxdqn.program.report_statistics.statistics_table`); the
-stitched equity and drawdown (``equity_stitched.png``, ``drawdown_stitched.png``).
+stitched equity and drawdown (``equity_stitched.png``, ``drawdown_stitched.png``); on a panel,
+the panel section of :mod:`jaxdqn.program.panel_report` on the instruments' stitched series.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from jaxdqn.program import plots, report_statistics
+from jaxdqn.program import panel_report, plots, report_statistics
 from jaxdqn.program.formats import clock, fixed, markdown_table
 from jaxdqn.program.results import write_text_atomic
 
@@ -52,7 +53,12 @@ def _settings(result: Mapping[str, Any]) -> list[str]:
         f"{w['folds']} folds, {train}; val {size(w['val'])}, test {size(w['test'])}, "
         f"purge {w['purge']} bars (between train and val and between val and test), embargo "
         f"{w['embargo']} bars; {result['num_seeds']} seed(s) per fold; "
-        f"{result['num_bars']} bars.",
+        f"{result['num_bars']} bars"
+        + (
+            " of the panel's calendar (every instrument cut at the same dates)."
+            if "panel" in result
+            else "."
+        ),
         "",
         "Every fold is trained from scratch by the population program (`python -m "
         "jaxdqn.train`'s) on its own ranges, its features normalised on its own train rows; "
@@ -68,12 +74,15 @@ def _settings(result: Mapping[str, Any]) -> list[str]:
 def _fold_section(result: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     folds = result["folds"]
     names = list(folds[0]["baselines_test_sharpe"]) if folds else []
-    head = ["fold", "train", "val", "test", "best epoch", "val Sharpe", "test Sharpe"]
-    head += [f"{n} test" for n in names]
+    panel = all("instruments" in f for f in folds)
+    head = ["fold", *(["instruments"] if panel else []), "train", "val", "test", "best epoch"]
+    head += ["val Sharpe", "test Sharpe", *(f"{n} test" for n in names)]
     body = []
     for f in folds:
         d = f["dates"]
-        cells = [f"[{f['fold']}](fold_{f['fold']}/report.md)", _span(d["train"])]
+        cells = [f"[{f['fold']}](fold_{f['fold']}/report.md)"]
+        cells += [str(len(f["instruments"]))] if panel else []
+        cells += [_span(d["train"])]
         cells += [_span(d["val"]), _span(d["test"])]
         cells += [str(f.get("best_epoch")), fixed(f.get("val_sharpe")), fixed(f.get("test_sharpe"))]
         cells += [fixed(f["baselines_test_sharpe"].get(n)) for n in names]
@@ -140,6 +149,18 @@ def write_walkforward_report(run_dir: Path, result: Mapping[str, Any], frame: pd
     bars_png = plots.plot_fold_sharpe(run_dir, labels, agent, refs)
     lines += [*fold_lines, f"![test Sharpe per fold]({bars_png})", ""]
     lines += _stitched_section(result)
+    lines += panel_report.panel_section(
+        result,
+        run_dir,
+        splits=("test",),
+        intro=(
+            "The fold table holds each fold's "
+            f"{(result.get('panel') or {}).get('select_on', 'mean')} over its instruments; the "
+            "stitched series above is the equal-weight portfolio of the per-instrument agents "
+            "against each baseline's. Below, each instrument's test segments of the folds that "
+            "trade it are stitched as the portfolio's are (`stitched_instruments_test.csv`)."
+        ),
+    )
 
     seeds = range(result["num_seeds"])
     agent_log = pd.concat(

@@ -40,6 +40,14 @@ stitched baselines, the DSR's trials being every (seed, epoch) val Sharpe of eve
 
 ``stitched_test.csv``: ``date``, ``fold``, then ``seed_<s>_return``, ``seed_<s>_equity`` for
 every seed and ``<baseline>_return``, ``<baseline>_equity`` for every baseline.
+
+**Panels.** Each fold's walk is its equal-weight portfolio of the per-instrument agents
+(``portfolio_test.csv``) against the baselines' equal-weight portfolios (``baselines_test.csv``),
+so ``stitched`` is the stitched portfolio. ``walkforward.json`` adds, as a panel run's
+``summary.json`` does, ``instruments`` (each instrument's stitched series over the folds that
+trade it: :func:`jaxdqn.program.walkforward_panel.stitch_instruments`) and ``panel``
+(``cross_section.test``, ``portfolio.test``), and the fold entries list their ``instruments``;
+``stitched_instruments_test.csv`` holds every instrument's stitched series.
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ import pandas as pd
 
 from jaxdqn.config import Config
 from jaxdqn.evaluation import metrics as metrics_lib
-from jaxdqn.program import run_statistics, walkforward_report
+from jaxdqn.program import run_statistics, walkforward_panel, walkforward_report
 from jaxdqn.program.formats import to_jsonable
 from jaxdqn.program.panel_results import seed_mean
 from jaxdqn.program.results import (
@@ -72,10 +80,12 @@ STITCHED_FILE = "stitched_test.csv"
 
 
 class Stitched(NamedTuple):
-    """``result``: the ``walkforward.json`` content; ``frame``: ``stitched_test.csv``."""
+    """``result``: the ``walkforward.json`` content; ``frame``: ``stitched_test.csv``;
+    ``instruments``: a panel's ``stitched_instruments_test.csv`` (None for one instrument)."""
 
     result: dict[str, Any]
     frame: pd.DataFrame
+    instruments: pd.DataFrame | None = None
 
 
 def _seed_values(summary: Mapping[str, Any], split: str, key: str = "sharpe") -> list[Any]:
@@ -90,18 +100,31 @@ def _returns_from_equity(equity: np.ndarray) -> np.ndarray:
 
 
 def _read_fold(entry: Mapping[str, Any], fdir: Path):
+    """Fold ``fdir``'s summary, test walks (every seed's; a panel's: its equal-weight portfolio)
+    and baselines' equity, checked against the planned test segment."""
     summary = read_summary(fdir)
     if summary is None:
         raise FileNotFoundError(f"{fdir}: no summary.json (the fold has not finished)")
-    log = read_eval_log(fdir / "eval_test.csv").sort_values(["seed", "t"], kind="stable")
+    panel = "instruments" in entry
+    name = "portfolio_test.csv" if panel else "eval_test.csv"
+    log = read_eval_log(fdir / name)
+    log = log.sort_values(["seed", "date" if panel else "t"], kind="stable")
     base = read_baseline_equity(fdir / "baselines_test.csv")
     lo, hi = entry["bars"]["test"]
     first, last = (pd.Timestamp(d) for d in entry["dates"]["test"])
+    if panel and list((summary.get("panel") or {}).get("instruments") or []) != list(
+        entry["instruments"]
+    ):
+        raise ValueError(f"{fdir}/summary.json: its instruments are not the fold's planned ones")
     for s, seg in log.groupby("seed"):
         dates = pd.DatetimeIndex(seg["date"])
-        if len(seg) != hi - lo or dates[0] != first or dates[-1] != last:
+        # a panel's portfolio has a row for each calendar bar that some instrument trades
+        planned = dates.is_monotonic_increasing and dates[0] >= first and dates[-1] <= last
+        if not panel:
+            planned = len(seg) == hi - lo and dates[0] == first and dates[-1] == last
+        if not planned:
             raise ValueError(
-                f"{fdir}/eval_test.csv: seed {s}'s walk is not the planned test segment "
+                f"{fdir}/{name}: seed {s}'s walk is not the planned test segment "
                 f"({len(seg)} bars {dates[0]}..{dates[-1]}, planned {hi - lo} {first}..{last})"
             )
         if not np.array_equal(base.index.to_numpy(), dates.to_numpy()):
@@ -125,7 +148,6 @@ def stitch(
     """
     ppy = float(plan["bar_clock"]["bars_per_year"])
     rows, parts, base_parts = [], [], []
-    trial_values: list[np.ndarray] = []
     growth_before: np.ndarray | None = None
     names: list[str] | None = None
     for entry, fdir in zip(plan["folds"], fold_dirs, strict=True):
@@ -144,9 +166,6 @@ def stitch(
         parts.append(pd.DataFrame(frame))
         base_parts.append(base)
         growth_before = before * growth
-        trials, _ = run_statistics.selection_trials(fdir)
-        if trials is not None:
-            trial_values.append(trials)
         baselines = summary.get("baselines") or {}
         rows.append(
             {
@@ -154,6 +173,7 @@ def stitch(
                 "dir": fdir.name,
                 "bars": entry["bars"],
                 "dates": entry["dates"],
+                **({"instruments": entry["instruments"]} if "instruments" in entry else {}),
                 "best_epoch": summary.get("best_epoch"),
                 "epochs": summary.get("epochs"),
                 "val_sharpe": (summary.get("val") or {}).get("sharpe"),
@@ -200,13 +220,9 @@ def stitch(
     base_logs = {
         (n, "test"): pd.DataFrame({"date": dates, "return": frame[f"{n}_return"]}) for n in names
     }
-    what = (
-        f"every seed's val Sharpe at every epoch of each of the {len(rows)} folds (each fold "
-        "selects its own best checkpoint on its own val)"
-    )
-    flat = np.concatenate(trial_values) if trial_values else None
+    trials = run_statistics.fold_trials(fold_dirs)
     stats = run_statistics.split_statistics(
-        cfg, seed_logs, base_logs, "test", (flat, what), bars_per_year=ppy
+        cfg, seed_logs, base_logs, "test", trials, bars_per_year=ppy
     )
     result = {
         "settings": dict(plan["settings"]),
@@ -226,18 +242,43 @@ def stitch(
         "folds_wall_time_s": float(sum(r["wall_time_s"] or 0.0 for r in rows)),
         "wall_time_s": time.time() - session_start if session_start is not None else None,
     }
+    instruments_frame = None
+    if all("instruments" in entry for entry in plan["folds"]):
+        walks = [
+            walkforward_panel.read_fold_walks(entry["fold"], fdir)
+            for entry, fdir in zip(plan["folds"], fold_dirs, strict=True)
+        ]
+        per_instrument, cross, instruments_frame = walkforward_panel.stitch_instruments(
+            walks, ppy, reps=cfg.eval.bootstrap_reps, seed=cfg.eval.key
+        )
+        result["instruments"] = per_instrument
+        result["panel"] = {
+            "instruments": list(per_instrument),
+            "select_on": cfg.eval.select_on,
+            "cross_section": {"test": cross},
+            "portfolio": {
+                "test": {
+                    "agent": result["stitched"]["mean"],
+                    "baselines": {
+                        n: m for n, m in result["stitched"]["baselines"].items() if n != "flat"
+                    },
+                }
+            },
+        }
     keep = ["date", "fold"]
     for s in seeds:
         keep += [f"seed_{s}_return", f"seed_{s}_equity"]
     for n in names:
         keep += [f"{n}_return", f"{n}_equity"]
-    return Stitched(result, frame[keep])
+    return Stitched(result, frame[keep], instruments_frame)
 
 
 def write_results(run_dir: Path, stitched: Stitched) -> None:
     """``walkforward.json``, ``stitched_test.csv`` and ``walkforward.md`` with its plots."""
     run_dir = Path(run_dir)
     stitched.frame.to_csv(run_dir / STITCHED_FILE, index=False)
+    if stitched.instruments is not None:
+        stitched.instruments.to_csv(run_dir / walkforward_panel.INSTRUMENTS_FILE, index=False)
     text = json.dumps(to_jsonable(stitched.result, "walkforward"), indent=2, allow_nan=False)
     write_text_atomic(run_dir / RESULT_FILE, text + "\n")
     walkforward_report.write_walkforward_report(run_dir, stitched.result, stitched.frame)
