@@ -2,7 +2,8 @@
 judged out of sample in time on those 16 and on the 4 it never saw, by walk-forward.
 
     python bench/panel_generalisation.py --runs runs/g            # H200: configs/panel_gpu.yaml
-    python bench/panel_generalisation.py --runs runs/g --resume   # continue a killed run
+    python bench/panel_generalisation.py --runs runs/g --resume   # continue a stopped run
+    python bench/panel_generalisation.py --runs runs/g --budget 560   # stop in time (resume)
     python bench/panel_generalisation.py --read runs/g            # the tables of a finished run
     python bench/panel_generalisation.py --runs DIR --config C [key=value ...]   # other sizes
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,13 +61,19 @@ HELD_OUT = ("AAPL", "LLY", "MRK", "PG")
 TRAINED = tuple(n for n in NAMES if n not in HELD_OUT)
 
 
-def _run(cmd: list[str]) -> None:
+def _run(cmd: list[str], timeout: float | None = None) -> int:
+    """Run ``cmd`` from the repository; after ``timeout`` seconds it gets SIGINT (a fold saves
+    its checkpoint and the walk-forward exits, to be resumed). Returns its exit code."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     print("$", " ".join(cmd), flush=True)
-    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-    if code:
-        sys.exit(code)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"time budget reached after {timeout:.0f} s: interrupting", flush=True)
+        proc.send_signal(signal.SIGINT)
+        return proc.wait()
 
 
 def _fmt(x) -> str:
@@ -134,6 +142,13 @@ def main(argv=None) -> int:
     p.add_argument("--read", type=Path, help="print the tables of a finished experiment")
     p.add_argument("--config", default="configs/panel_gpu.yaml")
     p.add_argument("--resume", action="store_true", help="continue the walk-forward in --runs")
+    p.add_argument(
+        "--budget",
+        type=float,
+        help="seconds for the whole call: the walk-forward is "
+        "interrupted in time for the held-out evaluation of its finished folds",
+    )
+    p.add_argument("--reserve", type=float, default=100.0, help="seconds kept for evaluation")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args(argv)
     if args.read:
@@ -146,13 +161,19 @@ def main(argv=None) -> int:
     trained = f"data.instruments=[{', '.join(TRAINED)}]"
     py = [sys.executable, "-m"]
     if args.resume:
-        _run([*py, "jaxdqn.walkforward", "--no-progress", "--resume", str(wf)])
+        cmd = [*py, "jaxdqn.walkforward", "--no-progress", "--resume", str(wf)]
     else:
         cmd = [*py, "jaxdqn.walkforward", "--no-progress", "--config", args.config]
-        _run([*cmd, "--run-dir", str(wf), trained, *args.overrides])
+        cmd += ["--run-dir", str(wf), trained, *args.overrides]
+    left = None if args.budget is None else args.budget - args.reserve
+    code = _run(cmd, timeout=left)
     held = f"data.instruments=[{', '.join(HELD_OUT)}]"
+    # evaluates the finished folds (reusing those evaluated earlier); stops at an unfinished one
     _run([*py, "jaxdqn.evaluate", str(wf), "--out", str(args.runs / "unseen"), held])
     print(f"wall time {time.time() - start:.0f} s", flush=True)
+    if code or not (wf / "walkforward.json").exists():
+        print(f"the walk-forward stopped before its end (exit {code}); continue with --resume")
+        return 3
     print("\n".join(read(args.runs)))
     return 0
 

@@ -21,7 +21,7 @@ from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.market import folds, panel, splits
 from jaxdqn.market.data import DataError
-from jaxdqn.program import walkforward, walkforward_panel
+from jaxdqn.program import evaluate_run, walkforward, walkforward_panel
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -304,6 +304,14 @@ def test_e3_evaluate_a_panel_walkforward_on_instruments_it_never_saw(panel_wf, t
     assert payload["panel"]["cross_section"]["test"]["instruments"] == 2
     assert payload["statistics"]["seeds"][0]["sharpe"] is not None
     assert (tmp_path / walkforward_panel.INSTRUMENTS_FILE).exists()
+    # evaluated again with the same overrides: every fold's earlier evaluation is reused
+    lines = []
+    again = evaluate_run.evaluate_walkforward(run, "best", [unseen], tmp_path, echo=lines.append)
+    assert all(line.endswith("(evaluated earlier, reused)") for line in lines) and len(lines) == 2
+    assert again["instruments"] == payload["instruments"]
+    lines.clear()
+    evaluate_run.evaluate_walkforward(run, "latest", [unseen], tmp_path, echo=lines.append)
+    assert not any("reused" in line for line in lines)
     # a walk-forward is evaluated on its test segments only; one instrument's is refused
     with pytest.raises(ConfigError, match="--split val: a walk-forward is evaluated"):
         evaluate._main([str(run), "--split", "val", "--out", str(tmp_path / "v")])

@@ -21,7 +21,10 @@ trained on) into ``OUT/fold_<k>/``, then stitches the folds instrument by instru
      "panel": {"instruments", "cross_section": {"test": ...},
                "portfolio": {"test": {"agent": ..., "baselines": {...}}}}}
 
-and ``OUT/stitched_instruments_test.csv``. The equal-weight portfolio of the stitched
+and ``OUT/stitched_instruments_test.csv``. A fold already evaluated in ``OUT/fold_<k>/`` with
+the same overrides and checkpoint (``best``: the step its ``summary.json`` selected) is reused,
+so an evaluation killed halfway continues where it stopped. The equal-weight portfolio of the
+stitched
 instruments is, on each date, the mean over the instruments with that bar — the fold's own
 portfolio, as each date lies in one fold's test segment.
 """
@@ -154,6 +157,31 @@ def evaluate_run(
     return Evaluation(payload, log_path, metrics_path)
 
 
+def _earlier(
+    fdir: Path, which: str | int, overrides: Sequence[str], out: Path
+) -> dict[str, Any] | None:
+    """The payload of an earlier evaluation of fold ``fdir`` in ``out`` when it is this one: the
+    same overrides, the test split, and the checkpoint asked for (``best``: the step the fold's
+    ``summary.json`` selected; a step: that step; ``latest`` is never reused). None otherwise."""
+    path = out / "metrics_test.json"
+    if which == "latest" or not path.exists():
+        return None
+    try:
+        payload = json.loads(path.read_text())
+        summary = json.loads((fdir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    step = summary.get("best_step") if which == "best" else which
+    same = (
+        payload.get("split") == "test"
+        and payload.get("overrides") == list(overrides)
+        and step is not None
+        and payload.get("checkpoint_step") == step
+        and "instruments" in payload
+    )
+    return payload if same else None
+
+
 def evaluate_walkforward(
     wf_dir: Path,
     which: str | int,
@@ -184,16 +212,21 @@ def evaluate_walkforward(
         fdir = wf_dir / f"fold_{k}"
         if not (fdir / "summary.json").exists():
             raise ConfigError(f"{fdir}: the fold has not finished (no summary.json)")
-        echo(f"fold {k + 1}/{len(plan['folds'])}: test {' .. '.join(entry['dates']['test'])}")
-        ev = evaluate_run(fdir, "test", which, overrides, out / f"fold_{k}")
+        span = " .. ".join(entry["dates"]["test"])
+        payload = _earlier(fdir, which, overrides, out / f"fold_{k}")
+        if payload is None:
+            echo(f"fold {k + 1}/{len(plan['folds'])}: test {span}")
+            payload = evaluate_run(fdir, "test", which, overrides, out / f"fold_{k}").payload
+        else:
+            echo(f"fold {k + 1}/{len(plan['folds'])}: test {span} (evaluated earlier, reused)")
         cfg = cfg or config_lib.load(fdir / "config.yaml", list(overrides))
         walks.append(walkforward_panel.read_fold_walks(k, out / f"fold_{k}"))
         folds.append(
             {
                 "fold": k,
                 "dir": f"fold_{k}",
-                "checkpoint_step": ev.payload["checkpoint_step"],
-                "instruments": list(ev.payload["instruments"]),
+                "checkpoint_step": payload["checkpoint_step"],
+                "instruments": list(payload["instruments"]),
             }
         )
     assert cfg is not None  # a plan has at least one fold
