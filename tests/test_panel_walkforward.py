@@ -306,9 +306,10 @@ def test_e3_evaluate_a_panel_walkforward_on_instruments_it_never_saw(panel_wf, t
     assert (tmp_path / walkforward_panel.INSTRUMENTS_FILE).exists()
     # evaluated again with the same overrides: every fold's earlier evaluation is reused
     lines = []
-    again = evaluate_run.evaluate_walkforward(run, "best", [unseen], tmp_path, echo=lines.append)
+    before = (tmp_path / "metrics_test.json").read_text()
+    evaluate_run.evaluate_walkforward(run, "best", [unseen], tmp_path, echo=lines.append)
     assert all(line.endswith("(evaluated earlier, reused)") for line in lines) and len(lines) == 2
-    assert again["instruments"] == payload["instruments"]
+    assert (tmp_path / "metrics_test.json").read_text() == before
     lines.clear()
     evaluate_run.evaluate_walkforward(run, "latest", [unseen], tmp_path, echo=lines.append)
     assert not any("reused" in line for line in lines)
