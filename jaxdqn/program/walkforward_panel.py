@@ -34,7 +34,13 @@ from jaxdqn.evaluation import panel_statistics
 from jaxdqn.program.panel_results import seed_mean
 from jaxdqn.program.results import INSTRUMENT_BASELINES, read_eval_log, read_instrument_baselines
 
-__all__ = ["INSTRUMENTS_FILE", "FoldWalks", "read_fold_walks", "stitch_instruments"]
+__all__ = [
+    "INSTRUMENTS_FILE",
+    "FoldWalks",
+    "read_fold_walks",
+    "returns_from_equity",
+    "stitch_instruments",
+]
 
 INSTRUMENTS_FILE = "stitched_instruments_test.csv"
 REFERENCE = "buy_and_hold"
@@ -72,7 +78,8 @@ def read_fold_walks(fold: int, directory: Path, split: str = "test") -> FoldWalk
     return FoldWalks(fold, log, base)
 
 
-def _returns_from_equity(equity: np.ndarray) -> np.ndarray:
+def returns_from_equity(equity: np.ndarray) -> np.ndarray:
+    """Simple returns ``r_t = W_t / W_{t−1} − 1`` of an equity curve that starts from 1."""
     return equity / np.concatenate([[1.0], equity[:-1]]) - 1.0
 
 
@@ -144,7 +151,7 @@ def stitch_instruments(
             rets, eqs, before = [], [], 1.0
             for _, _, base in segs:
                 eq = base[b].to_numpy(dtype=np.float64)
-                rets.append(_returns_from_equity(eq))
+                rets.append(returns_from_equity(eq))
                 eqs.append(before * eq)
                 before *= eq[-1]
             columns[f"{b}_return"] = np.concatenate(rets)

@@ -95,10 +95,6 @@ def _seed_values(summary: Mapping[str, Any], split: str, key: str = "sharpe") ->
     return [(summary.get(split) or {}).get(key)]
 
 
-def _returns_from_equity(equity: np.ndarray) -> np.ndarray:
-    return equity / np.concatenate([[1.0], equity[:-1]]) - 1.0
-
-
 def _read_fold(entry: Mapping[str, Any], fdir: Path):
     """Fold ``fdir``'s summary, test walks (every seed's; a panel's: its equal-weight portfolio)
     and baselines' equity, checked against the planned test segment."""
@@ -197,7 +193,7 @@ def stitch(
         rets, eqs = [], []
         for base in base_parts:
             eq = base[name].to_numpy(dtype=np.float64)
-            rets.append(_returns_from_equity(eq))
+            rets.append(walkforward_panel.returns_from_equity(eq))
             eqs.append(base_before[name] * eq)
             base_before[name] *= eq[-1]
         frame[f"{name}_return"] = np.concatenate(rets)
