@@ -28,7 +28,7 @@ def _main(argv) -> int:
     from pathlib import Path
 
     from jaxdqn import config as config_lib
-    from jaxdqn.program import checkpoint, evaluate_run, run_statistics, runtime
+    from jaxdqn.program import checkpoint, cli, evaluate_run, run_statistics, runtime
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.evaluate",
@@ -41,9 +41,7 @@ def _main(argv) -> int:
         "run_dir", help="a run directory of python -m jaxdqn.train (or a panel's walk-forward)"
     )
     parser.add_argument("--split", choices=("val", "test"), default="test")
-    parser.add_argument(
-        "--checkpoint", default="best", help="best | latest | a checkpoint step (default best)"
-    )
+    cli.add_checkpoint_argument(parser)
     parser.add_argument("--out", default=None, help="output directory (default RUN_DIR/eval)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     runtime.add_arguments(parser)
@@ -53,14 +51,7 @@ def _main(argv) -> int:
 
     run_dir = Path(args.run_dir)
     evaluate_run.check_overrides(args.overrides)
-    which = args.checkpoint
-    if which not in ("best", "latest"):
-        try:
-            which = int(which)
-        except ValueError:
-            raise config_lib.ConfigError(
-                f"--checkpoint: expected best, latest or a step number, got {which!r}"
-            ) from None
+    which = cli.checkpoint_choice(args.checkpoint)
     out = Path(args.out) if args.out else run_dir / "eval"
     try:
         if (run_dir / "walkforward_plan.json").exists():

@@ -10,7 +10,8 @@ a higher layer or a sibling package of its own layer:
     4  jaxdqn.agent
     5  jaxdqn.evaluation
     6  jaxdqn.program            the only layer that does I/O
-    7  jaxdqn.train | evaluate | baselines | ablate | walkforward  thin ``python -m`` entry points
+    7  jaxdqn.train | evaluate | predict | export | baselines | ablate | walkforward  thin
+       ``python -m`` entry points
 
 Every ``import`` statement counts, also those inside functions and under ``TYPE_CHECKING``.
 """
@@ -32,7 +33,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxdqn.agent",),
     ("jaxdqn.evaluation",),
     ("jaxdqn.program",),
-    ("jaxdqn.train", "jaxdqn.evaluate", "jaxdqn.baselines", "jaxdqn.ablate", "jaxdqn.walkforward"),
+    (
+        "jaxdqn.train",
+        "jaxdqn.evaluate",
+        "jaxdqn.predict",
+        "jaxdqn.export",
+        "jaxdqn.baselines",
+        "jaxdqn.ablate",
+        "jaxdqn.walkforward",
+    ),
 )
 MAX_LINES = 500
 MAX_LOOP_LINES = 250

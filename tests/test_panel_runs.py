@@ -194,3 +194,44 @@ def test_e3_baselines_cli_prints_a_panel_instrument_by_instrument(capsys):
         line.split()[0] for line in out.split("test: Sharpe per instrument")[1].splitlines()[2:]
     ]
     assert rows == NAMES
+
+
+@pytest.mark.slow
+def test_e3_predict_on_a_panel_is_every_instruments_walk(panel_run, tmp_path, capsys):
+    from jaxdqn import predict as predict_cli
+    from jaxdqn.program import predict_run
+
+    run = predict_run.load_run(panel_run)
+    predictor = predict_run.make_run_predictor(run)
+    log = pd.read_csv(panel_run / "eval_test.csv")
+    bars = predict_run.read_bars(run, None)
+    checked = set()
+    index = {v.name: v.bars.index for v in run.views}
+    decision_dates = {index[n][t] for n, t in log[["instrument", "t"]].itertuples(index=False)}
+    for date in sorted(decision_dates):
+        for d in predict_run.decide(run, bars, predict_run.parse_at(str(date)), None, predictor)[0]:
+            own = log[(log.instrument == d.name) & (log.t == d.t)]
+            for seed, p in d.by_seed.items():
+                row = own[own.seed == seed]
+                if row.empty:  # the instrument's decision after this date is not in the test walk
+                    continue
+                row = row.iloc[0]
+                want = row[["direction", "magnitude", "order", "urgency"]].to_numpy(np.int64)
+                np.testing.assert_array_equal(np.asarray(p.action, np.int64), want)
+                assert np.float32(p.target_position) == np.float32(row.target_position)
+                checked.add((d.name, d.t, seed))
+    assert len(checked) == len(log)
+    # the bars as one file per instrument: the CLI decides for each after its last bar
+    folder = tmp_path / "bars"
+    folder.mkdir()
+    for view in run.views:
+        view.bars.drop(columns=["oracle"]).rename_axis("date").to_csv(folder / f"{view.name}.csv")
+    assert predict_cli.main([str(panel_run), "--data", str(folder), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["instrument"], r["seed"]) for r in rows] == [(n, s) for n in NAMES for s in (0, 1)]
+    ref = predict_run.predict(run, predict_run.read_bars(run, None), None, None, predictor)
+    assert [r["actions"] for r in rows] == [r["actions"] for r in ref]
+    assert [r["target_position"] for r in rows] == [r["target_position"] for r in ref]
+    run.views[0].bars.drop(columns=["oracle"]).rename_axis("date").to_csv(folder / "other.csv")
+    assert predict_cli.main([str(panel_run), "--data", str(folder)]) == 2
+    assert "instrument other is not one the run trained on" in capsys.readouterr().err

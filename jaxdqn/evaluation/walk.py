@@ -33,11 +33,16 @@ __all__ = [
     "LOG_COLUMNS",
     "EvalResult",
     "PolicyFn",
+    "Replayed",
     "Trajectory",
+    "decision",
+    "decision_keys",
     "decision_range",
     "evaluation_result",
+    "replay",
     "rollout",
     "walk",
+    "walk_step",
 ]
 
 PolicyFn = Callable[..., tuple[jax.Array, jax.Array]]
@@ -120,13 +125,9 @@ def rollout(
     def body(carry, step_key):
         state, obs = carry
         t = state.t
-        if policy_params is None:
-            action, scale = policy_fn(obs, t, step_key)
-        else:
-            action, scale = policy_fn(policy_params, obs, t, step_key)
-        action = env.executed_action(env_params, jnp.asarray(action, jnp.int32))
-        scale = jnp.asarray(scale, jnp.float32)
-        state, obs, reward, _done, info = env.step(env_params, market, state, action, scale)
+        action, scale, (state, obs, reward, info) = walk_step(
+            env_params, market, policy_fn, policy_params, state, obs, step_key
+        )
         row = Trajectory(
             t=t,
             action=action,
@@ -145,6 +146,99 @@ def rollout(
 
     _, traj = lax.scan(body, (state, obs), keys[1:])
     return traj
+
+
+def decision(
+    env_params: env.EnvParams,
+    policy_fn: PolicyFn,
+    policy_params: Any,
+    obs: jax.Array,
+    t: jax.Array,
+    key: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Features → decision, the one path the walk and ``python -m jaxdqn.predict`` share:
+    ``policy_fn`` at observation ``obs`` (float32 ``[obs_dim]``) after bar ``t`` with the
+    decision's ``key``, then the executed action (:func:`jaxdqn.market.env.executed_action`).
+    Returns ``(action int32 [4], scale float32 [])``."""
+    if policy_params is None:
+        action, scale = policy_fn(obs, t, key)
+    else:
+        action, scale = policy_fn(policy_params, obs, t, key)
+    action = env.executed_action(env_params, jnp.asarray(action, jnp.int32))
+    return action, jnp.asarray(scale, jnp.float32)
+
+
+def walk_step(
+    env_params: env.EnvParams,
+    market: env.MarketData,
+    policy_fn: PolicyFn,
+    policy_params: Any,
+    state: env.EnvState,
+    obs: jax.Array,
+    key: jax.Array,
+):
+    """One step of the walk: :func:`decision` at ``obs`` after bar ``state.t``, then
+    :func:`jaxdqn.market.env.step` (no auto-reset). Returns ``(action, scale, (state', obs',
+    reward, info))``."""
+    action, scale = decision(env_params, policy_fn, policy_params, obs, state.t, key)
+    state, obs, reward, _done, info = env.step(env_params, market, state, action, scale)
+    return action, scale, (state, obs, reward, info)
+
+
+def decision_keys(key: jax.Array, num_bars: int) -> jax.Array:
+    """``[num_bars + 1]`` keys: ``[0]`` the walk's env state, ``[1 + i]`` the i-th decision's.
+
+    :func:`rollout` splits its key into ``n + 1``; JAX's partitionable Threefry
+    (``jax_threefry_partitionable``, the default since 0.5) makes key i of ``split(key, m)`` the
+    same for every ``m > i``, so a replay with any bound meets the walk's keys exactly."""
+    return jax.random.split(key, num_bars + 1)
+
+
+class Replayed(NamedTuple):
+    """The walk's decision after bar ``t`` (:func:`replay`): the account and observation it
+    was taken at, the executed action, the A3 scale and the target position."""
+
+    state: env.EnvState
+    obs: jax.Array
+    action: jax.Array
+    scale: jax.Array
+    target_position: jax.Array
+
+
+def replay(
+    env_params: env.EnvParams,
+    market: env.MarketData,
+    t0: jax.Array | int,
+    t: jax.Array | int,
+    policy_fn: PolicyFn,
+    key: jax.Array,
+    policy_params: Any = None,
+) -> Replayed:
+    """The walk of :func:`rollout` that started flat at bar ``t0``, replayed through its
+    decision at bar ``t``: every decision ``t0 … t`` is taken by :func:`walk_step`, the walk's
+    own step, with the walk's keys. ``t0`` and ``t`` may be traced (one compilation serves
+    every date; jit with ``env_params`` and ``policy_fn`` static).
+
+    The decision at ``t`` is stepped into bar ``t + 1`` like every other (so it is computed by
+    the same loop body as the walk's); that step's result is dropped, and the market needs a
+    row ``t + 1`` (any bar: ``python -m jaxdqn.predict`` repeats bar ``t``). Nothing else reads
+    a bar after ``t``. Requires ``window − 1 ≤ t0 ≤ t < market.num_bars − 1`` (``t0`` is raised
+    to ``window − 1`` as the walk's start is)."""
+    t0 = jnp.maximum(jnp.asarray(t0, jnp.int32), env_params.window - 1)
+    t = jnp.asarray(t, jnp.int32)
+    keys = decision_keys(key, market.num_bars)
+    state, obs = env.reset_at(env_params, market, t0, t0, t + 2, keys[0])
+    zero = jnp.zeros((), jnp.float32)
+    first = Replayed(state, obs, jnp.zeros((4,), jnp.int32), zero, zero)
+
+    def body(i, carry):
+        state, obs, _ = carry
+        action, scale, (nxt, nxt_obs, _reward, info) = walk_step(
+            env_params, market, policy_fn, policy_params, state, obs, keys[1 + i]
+        )
+        return nxt, nxt_obs, Replayed(state, obs, action, scale, info["target_position"])
+
+    return lax.fori_loop(0, t - t0 + 1, body, (state, obs, first))[2]
 
 
 _rollout_jit = jax.jit(rollout, static_argnames=("env_params", "n", "policy_fn"))

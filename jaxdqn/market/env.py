@@ -50,7 +50,7 @@ split and any data of the same shape.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -65,10 +65,12 @@ __all__ = [
     "EnvParams",
     "EnvState",
     "MarketData",
+    "Order",
     "executed_action",
     "make_market",
     "obs_dim",
     "observe",
+    "order_of",
     "reset",
     "reset_at",
     "step",
@@ -296,6 +298,43 @@ def executed_action(params: EnvParams, action: jax.Array) -> jax.Array:
     return action.at[..., 2:].set(jnp.broadcast_to(held, (*action.shape[:-1], 2)))
 
 
+class Order(NamedTuple):
+    """The order a decision after bar ``t`` sends for bar t+1 (float32 / bool scalars).
+
+    Attributes:
+      target: the target position fraction (:func:`target_position`).
+      delta: the shares to trade, ``target · E_t / close[t] − shares``.
+      wants: whether an order is sent at all (alive and beyond the rebalance dead band).
+      buy: whether it buys (``delta > 0``).
+      limit: the limit price ``close[t] · (1 ∓ k_u σ̂_t)`` of a limit leg (buy: minus).
+    """
+
+    target: jax.Array
+    delta: jax.Array
+    wants: jax.Array
+    buy: jax.Array
+    limit: jax.Array
+
+
+def order_of(
+    params: EnvParams, market: MarketData, state: EnvState, action: jax.Array, scale: jax.Array
+) -> Order:
+    """The :class:`Order` of the executed ``action`` (int32 ``[4]``) at ``scale`` after bar
+    ``state.t`` closed: what :func:`step` executes in bar t+1, computed from bars ≤ t only (so
+    ``python -m jaxdqn.predict`` can state it before bar t+1 exists)."""
+    t = state.t
+    c0, sig = market.close[t], market.sigma[t]
+    e0 = state.equity
+    e0s = jnp.where(e0 > 0, e0, 1.0)
+    target = target_position(params, action, jnp.asarray(scale, jnp.float32))
+    delta = target * e0s / c0 - state.shares
+    wants = (e0 > 0) & (jnp.abs(delta) * c0 > REBALANCE_TOL * e0s)
+    buy = delta > 0
+    depth = _pick3(action[3], tuple(jnp.float32(v) for v in params.limit_offsets)) * sig
+    limit = c0 * jnp.where(buy, 1.0 - depth, 1.0 + depth)
+    return Order(target, delta, wants, buy, limit)
+
+
 def _transition(
     params: EnvParams, market: MarketData, state: EnvState, action: jax.Array, scale: jax.Array
 ) -> tuple[EnvState, jax.Array, jax.Array, dict[str, jax.Array]]:
@@ -312,14 +351,10 @@ def _transition(
     e0 = state.equity
     alive = e0 > 0
     e0s = jnp.where(alive, e0, 1.0)
-    target = target_position(params, action, jnp.asarray(scale, jnp.float32))
-    delta = target * e0s / c0 - state.shares
-    wants = alive & (jnp.abs(delta) * c0 > REBALANCE_TOL * e0s)
-    buy = delta > 0
+    ask = order_of(params, market, state, action, scale)
+    target, delta, wants, buy, limit_px = ask.target, ask.delta, ask.wants, ask.buy, ask.limit
 
     market_px = _pick3(urgency, (c1, (h1 + l1 + c1) * (1.0 / 3.0), o1))
-    depth = _pick3(urgency, tuple(jnp.float32(v) for v in params.limit_offsets)) * sig
-    limit_px = c0 * jnp.where(buy, 1.0 - depth, 1.0 + depth)
     gap = jnp.where(buy, o1 <= limit_px, o1 >= limit_px)
     through = jnp.where(
         buy,

@@ -54,10 +54,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
+from jaxdqn.config import ConfigError
 from jaxdqn.program import checkpoint_format as fmt
 from jaxdqn.program.checkpoint_format import CheckpointError, Corrupt
 
-__all__ = ["CheckpointError", "Checkpointer", "score"]
+__all__ = ["CheckpointError", "Checkpointer", "restore_state", "score"]
 
 PyTree = Any
 log = logging.getLogger(__name__)
@@ -410,3 +411,40 @@ class Checkpointer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def restore_state(
+    run_dir: Path, cfg: Any, agent: Any, prepared: Any, which: str | int
+) -> tuple[Any, int]:
+    """``(state, step)``: checkpoint ``which`` (best, latest or a step) of ``run_dir``, the
+    seed-stacked train state of ``agent`` on ``prepared``'s market.
+
+    Raises:
+      ConfigError: no checkpoint, or none at step ``which``.
+      CheckpointError: the checkpoint cannot be restored.
+    """
+    import jax
+
+    from jaxdqn.agent.build import make_init
+
+    num_seeds = cfg.train.num_seeds
+    # The restore template: the abstract seed-stacked train state (nothing is computed).
+    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), num_seeds)
+    template = jax.eval_shape(make_init(agent, num_seeds=num_seeds), prepared.market, keys)
+    run_dir = Path(run_dir)
+    ckpt = Checkpointer(
+        run_dir / "checkpoints", keep_latest=cfg.train.keep_latest, keep_best=cfg.train.keep_best
+    )
+    try:
+        steps = ckpt.steps()
+        if not steps:
+            raise ConfigError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
+        if isinstance(which, int) and which not in steps:
+            shown = ", ".join(map(str, steps))
+            raise ConfigError(
+                f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
+            )
+        state, _, step = ckpt.restore(which, template)
+    finally:
+        ckpt.close()
+    return state, step

@@ -22,7 +22,15 @@ from jaxdqn import config as config_lib
 from jaxdqn.config import Config, ConfigError
 from jaxdqn.market.data import DataError
 
-__all__ = ["USER_ERRORS", "config_help", "load_config", "make_parser", "run_main"]
+__all__ = [
+    "USER_ERRORS",
+    "add_checkpoint_argument",
+    "checkpoint_choice",
+    "config_help",
+    "load_config",
+    "make_parser",
+    "run_main",
+]
 
 # Errors caused by the user's input; everything else is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[Exception], ...] = (ConfigError, DataError)
@@ -63,6 +71,29 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="dotted config overrides, e.g. data.source=synthetic env.max_leverage=2",
     )
     return parser
+
+
+def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:
+    """``--checkpoint best|latest|STEP`` (default best), read with :func:`checkpoint_choice`."""
+    parser.add_argument(
+        "--checkpoint", default="best", help="best | latest | a checkpoint step (default best)"
+    )
+
+
+def checkpoint_choice(text: str) -> str | int:
+    """``--checkpoint``'s value: ``"best"``, ``"latest"`` or a step number.
+
+    Raises:
+      ConfigError: anything else.
+    """
+    if text in ("best", "latest"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"--checkpoint: expected best, latest or a step number, got {text!r}"
+        ) from None
 
 
 def load_config(args: argparse.Namespace) -> Config:

@@ -46,7 +46,12 @@ from jaxdqn.program import panel_results, run_statistics, walkforward_panel
 from jaxdqn.program.formats import to_jsonable
 from jaxdqn.program.results import write_eval_log, write_text_atomic
 
-__all__ = ["EVAL_OVERRIDABLE", "Evaluation", "evaluate_run", "evaluate_walkforward"]
+__all__ = [
+    "EVAL_OVERRIDABLE",
+    "Evaluation",
+    "evaluate_run",
+    "evaluate_walkforward",
+]
 
 EVAL_OVERRIDABLE = ("data.", "env.", "eval.", "seed=")
 """The overrides an evaluation accepts (the network must match the checkpoint)."""
@@ -84,9 +89,8 @@ def evaluate_run(
       DataError: the overridden data cannot be read or split.
       CheckpointError: the checkpoint cannot be restored.
     """
-    import jax
 
-    from jaxdqn.agent.build import build_agent, make_init
+    from jaxdqn.agent.build import build_agent
     from jaxdqn.evaluation.baselines import run_baselines
     from jaxdqn.evaluation.panel_baselines import run_panel_baselines
     from jaxdqn.market import market as market_lib
@@ -102,24 +106,7 @@ def evaluate_run(
     prepared = market_lib.prepare(cfg)
     agent = build_agent(cfg, prepared)
     num_seeds = cfg.train.num_seeds
-    # The restore template: the abstract seed-stacked train state (nothing is computed).
-    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), num_seeds)
-    template = jax.eval_shape(make_init(agent, num_seeds=num_seeds), prepared.market, keys)
-    ckpt = checkpoint.Checkpointer(
-        run_dir / "checkpoints", keep_latest=cfg.train.keep_latest, keep_best=cfg.train.keep_best
-    )
-    try:
-        steps = ckpt.steps()
-        if not steps:
-            raise ConfigError(f"{run_dir}: no checkpoints in {run_dir / 'checkpoints'}")
-        if isinstance(which, int) and which not in steps:
-            shown = ", ".join(map(str, steps))
-            raise ConfigError(
-                f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
-            )
-        state, _, step = ckpt.restore(which, template)
-    finally:
-        ckpt.close()
+    state, step = checkpoint.restore_state(run_dir, cfg, agent, prepared, which)
     out.mkdir(parents=True, exist_ok=True)
     results = [walk_seed(agent, prepared, cfg.eval, state, split, s) for s in range(num_seeds)]
     log_path = write_eval_log(out / f"eval_{split}.csv", [r.log for r in results])

@@ -10,7 +10,9 @@ executables instead of compiling them again. On by default in :func:`default_cac
 ``$JAXDQN_COMPILE_CACHE`` if set, else ``$XDG_CACHE_HOME/jaxdqn/xla``, else
 ``~/.cache/jaxdqn/xla``. ``--compile-cache DIR`` chooses another folder and
 ``--no-compile-cache`` turns it off. Entries are only written for programs that took at least
-:data:`MIN_COMPILE_SECONDS` to compile. Deleting the folder is always safe.
+:data:`MIN_COMPILE_SECONDS` to compile (``python -m jaxdqn.predict``, a command of seconds,
+writes every program: its dozen sub-second compilations were a third of its time). Deleting
+the folder is always safe.
 
 **GPU XLA flags** (:data:`GPU_XLA_FLAGS`). XLA command buffers (CUDA graphs) for fusions,
 library calls, custom calls (Pallas/Triton) and control flow, with concurrent regions, so that
@@ -114,9 +116,11 @@ def configure(
     cache: bool = True,
     xla_flags: bool = True,
     environ: MutableMapping[str, str] | None = None,
+    min_compile_seconds: float = MIN_COMPILE_SECONDS,
 ) -> Path | None:
     """Set up the compilation cache and jaxdqn's XLA flags; returns the cache folder (None when
-    off). Call before the first JAX computation of the process."""
+    off). Call before the first JAX computation of the process. Programs that compile in less
+    than ``min_compile_seconds`` are not written to the cache."""
     env = os.environ if environ is None else environ
     if xla_flags:
         env["XLA_FLAGS"] = merge_xla_flags(env.get("XLA_FLAGS", ""))
@@ -133,12 +137,17 @@ def configure(
             "with --compile-cache DIR or turn it off with --no-compile-cache"
         ) from None
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
     return folder
 
 
-def configure_from_args(args: argparse.Namespace) -> Path | None:
+def configure_from_args(
+    args: argparse.Namespace, min_compile_seconds: float = MIN_COMPILE_SECONDS
+) -> Path | None:
     """:func:`configure` from the arguments that :func:`add_arguments` added."""
     return configure(
-        args.compile_cache, cache=not args.no_compile_cache, xla_flags=not args.no_xla_flags
+        args.compile_cache,
+        cache=not args.no_compile_cache,
+        xla_flags=not args.no_xla_flags,
+        min_compile_seconds=min_compile_seconds,
     )

@@ -1,0 +1,489 @@
+"""What a trained agent does after a given bar (what ``python -m jaxdqn.predict`` runs).
+
+:func:`load_run` restores a run's checkpoint with the run's own market (its config's data: the
+splits, the per-instrument feature normalisers and the reward unit its walks used).
+:func:`predict` then takes, for every instrument and seed, the decision after the last bar on
+or before ``at`` of the bars given (the run's own, or a file or panel directory with more bars):
+
+1. the bars after ``at`` are cut off before anything is computed (no look-ahead by
+   construction);
+2. the causal features of those bars are normalised with the run's statistics of that
+   instrument (:func:`jaxdqn.market.features.normalise`), the market built as the walks' is;
+3. the walk that starts flat at the first decision of the run's split holding the decision bar
+   (test from its first bar on, and every later bar, e.g. new ones) is replayed to that bar
+   and decides there (:func:`jaxdqn.evaluation.prediction.decide_after`, the walk's own step and
+   decision path). For every bar of a split that the run walked, the decision is the walk's
+   (``eval_<split>.csv``'s row with ``t`` = that bar).
+
+Refused with a :class:`~jaxdqn.market.errors.DataError` (one line, exit code 2): bars whose
+columns (close-only, volume) or bar clock differ from the run's, too few bars before ``at`` for
+the observation window, a last bar on or before ``at`` older than the longest gap between bars
+of the run's train split, an instrument the run did not train on. A run directory without a
+usable checkpoint is a ConfigError or CheckpointError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from jaxdqn import config as config_lib
+from jaxdqn.branches import ACTION_NAMES, BRANCHES
+from jaxdqn.config import ConfigError
+from jaxdqn.market import clock as clock_lib
+from jaxdqn.market import data as data_lib
+from jaxdqn.market import features as features_lib
+from jaxdqn.market.errors import DataError
+from jaxdqn.market.splits import Splits
+
+__all__ = [
+    "Decided",
+    "InstrumentView",
+    "LoadedRun",
+    "decide",
+    "load_run",
+    "make_run_predictor",
+    "parse_at",
+    "predict",
+    "read_bars",
+]
+
+SPLITS_LATEST_FIRST = ("test", "val", "train")
+URGENCY_FILL = {0: "the next close", 1: "the next bar's typical price", 2: "the next open"}
+
+
+class InstrumentView(NamedTuple):
+    """One instrument as the run saw it: its bars, splits and train-fitted features."""
+
+    name: str
+    bars: pd.DataFrame
+    splits: Splits
+    features: features_lib.Features
+
+
+class LoadedRun(NamedTuple):
+    """A run's restored agent and market (:func:`load_run`)."""
+
+    run_dir: Path
+    cfg: config_lib.Config
+    prepared: Any
+    agent: Any
+    state: Any
+    step: int
+    views: tuple[InstrumentView, ...]
+    first_decision: int
+
+
+def _instrument_name(cfg: config_lib.Config) -> str:
+    if cfg.data.source in ("sp500", "synthetic") or not cfg.data.path:
+        return cfg.data.source
+    return Path(cfg.data.path).name.split(".")[0]
+
+
+def load_run(run_dir: Path, which: str | int = "best") -> LoadedRun:
+    """The run in ``run_dir`` with checkpoint ``which`` (best, latest or a step) restored.
+
+    Raises:
+      ConfigError: not a run directory, no checkpoint (or not that step).
+      DataError: the run's data can no longer be read.
+      CheckpointError: the checkpoint cannot be restored.
+    """
+    from jaxdqn.agent.build import build_agent
+    from jaxdqn.market import market as market_lib
+    from jaxdqn.program.checkpoint import restore_state
+
+    run_dir = Path(run_dir)
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"{run_dir}: no config.yaml (not a jaxdqn run directory)")
+    cfg = config_lib.load(saved, [])
+    prepared = market_lib.prepare(cfg)
+    agent = build_agent(cfg, prepared)
+    state, step = restore_state(run_dir, cfg, agent, prepared, which)
+    if prepared.is_panel:
+        views = tuple(
+            InstrumentView(i.name, i.bars, i.splits, i.features) for i in prepared.instruments
+        )
+    else:
+        name = _instrument_name(cfg)
+        views = (InstrumentView(name, prepared.df, prepared.splits, prepared.features),)
+    return LoadedRun(run_dir, cfg, prepared, agent, state, step, views, prepared.first_decision)
+
+
+def read_bars(run: LoadedRun, path: str | None) -> dict[str, pd.DataFrame]:
+    """The bars to decide on, by instrument: the run's own (``path`` None), else the file (one
+    instrument's run) or the panel directory / glob / long file ``path`` read with the run's
+    data settings (column names, date format, close-only).
+
+    Raises:
+      DataError: unreadable or invalid bars, or an instrument the run did not train on.
+    """
+    if path is None:
+        return {v.name: v.bars for v in run.views}
+    from jaxdqn.market import panel as panel_lib
+
+    kind = data_lib.file_kind(Path(path)) or "csv"
+    dcfg = dataclasses.replace(run.cfg.data, source=kind, path=str(path), instruments=())
+    if not run.prepared.is_panel:
+        return {run.views[0].name: data_lib.load(dcfg)}
+    loaded = panel_lib.load_panel(str(path), dcfg, run.cfg.data.symbol_column)
+    known = [v.name for v in run.views]
+    unknown = [n for n in loaded.names if n not in known]
+    if unknown:
+        raise DataError(
+            f"{path}: instrument {unknown[0]} is not one the run trained on ({', '.join(known)}); "
+            "its normaliser is unknown (judge never-seen instruments with python -m "
+            "jaxdqn.evaluate RUN_DIR data.path=... instead)"
+        )
+    return dict(zip(loaded.names, loaded.bars, strict=True))
+
+
+def parse_at(text: str | None) -> tuple[pd.Timestamp, pd.Timestamp] | None:
+    """``(at, stop)`` of ``--at``: the instant asked about and the first instant after it that
+    the bars may not reach (a bare date holds its whole day: stop is the next midnight).
+
+    Raises:
+      ConfigError: not an ISO date or timestamp.
+    """
+    if text is None:
+        return None
+    try:
+        at = datetime.datetime.fromisoformat(str(text))
+    except ValueError:
+        raise ConfigError(
+            f"--at: not an ISO date or timestamp (YYYY-MM-DD[THH:MM:SS]): {text!r}"
+        ) from None
+    bare = len(str(text).strip()) == 10
+    stop = at + (datetime.timedelta(days=1) if bare else datetime.timedelta(microseconds=1))
+    return pd.Timestamp(at), pd.Timestamp(stop)
+
+
+def _seconds(index: pd.DatetimeIndex) -> np.ndarray:
+    return np.asarray(pd.DatetimeIndex(index).as_unit("ns").asi8, dtype=np.float64) / 1e9
+
+
+def _check_like_run(view: InstrumentView, bars: pd.DataFrame, name: str) -> None:
+    """Refuse bars whose columns or bar clock differ from what the run trained on."""
+    run_co, run_vol, _ = data_lib.info(view.bars)
+    co, vol, _ = data_lib.info(bars)
+    if co != run_co:
+        kinds = ("open/high/low/close bars", "close-only bars")
+        raise DataError(f"{name}: {kinds[co]}, but the run trained on {kinds[run_co]}")
+    if vol != run_vol:
+        has = ("no volume", "volume")
+        raise DataError(f"{name}: bars with {has[vol]}, but the run's bars had {has[run_vol]}")
+    index = pd.DatetimeIndex(bars.index)
+    changed = clock_lib.check_spacing(index)
+    if changed is not None:
+        row, why = changed
+        raise DataError(f"{name}: {data_lib.row_label(index, row)}: column 'date': {why}")
+    lo, hi = view.splits.train
+    run_step = float(np.median(np.diff(_seconds(view.bars.index[lo:hi]))))
+    tail = _seconds(index[-1000:])
+    if tail.size >= 3:
+        step = float(np.median(np.diff(tail)))
+        if not 0.5 <= step / run_step <= 2.0:
+            raise DataError(
+                f"{name}: bars every {clock_lib.spacing_text(step)} (median), but the run's "
+                f"train bars came every {clock_lib.spacing_text(run_step)}: another bar clock"
+            )
+
+
+def _cut(
+    view: InstrumentView, bars: pd.DataFrame, name: str, at, first_decision: int
+) -> pd.DataFrame:
+    """``bars`` up to and including the last bar on or before ``at`` (all with ``at`` None)."""
+    index = pd.DatetimeIndex(bars.index)
+    if at is not None:
+        when, stop = at
+        n = int(index.searchsorted(stop, side="left"))
+        if n == 0:
+            raise DataError(f"{name}: no bar on or before --at {when.isoformat()}")
+        lo, hi = view.splits.train
+        run_gap = float(np.max(np.diff(_seconds(view.bars.index[lo:hi]))))
+        late = (when - index[n - 1]).total_seconds()
+        if late > run_gap:
+            raise DataError(
+                f"{name}: the last bar on or before --at {when.isoformat()} is "
+                f"{index[n - 1].isoformat()}, {clock_lib.spacing_text(late)} earlier: longer "
+                f"than any gap between bars of the run's train split "
+                f"({clock_lib.spacing_text(run_gap)}); the bars are stale"
+            )
+        bars = bars.iloc[:n]
+    if len(bars) <= first_decision:
+        raise DataError(
+            f"{name}: {len(bars)} bars up to the decision, too few for the observation window "
+            f"(the features' warm-up and the window need {first_decision + 1})"
+        )
+    return bars
+
+
+def _walk_start(view: InstrumentView, dates: pd.DatetimeIndex, t: int, first: int):
+    """``(t0, split)``: the first decision bar of the run's walk of the split holding bar
+    ``t`` (the latest split whose walk starts on or before it), in ``dates``' rows, and the
+    split's name (``after test`` for a bar later than the run's last test bar)."""
+    run_dates = pd.DatetimeIndex(view.bars.index)
+    for split in SPLITS_LATEST_FIRST:
+        lo, hi = getattr(view.splits, split)
+        start = run_dates[min(max(lo - 1, first), len(run_dates) - 1)]  # eval_range's start
+        if start <= dates[t]:
+            t0 = max(int(dates.searchsorted(start, side="left")), first)
+            after = split == "test" and dates[t] > run_dates[hi - 1]
+            return t0, "after test" if after else split
+    return first, "train"
+
+
+def _features(run: LoadedRun, view: InstrumentView, bars: pd.DataFrame, name: str):
+    fcfg = run.cfg.features
+    raw, sigma = features_lib.raw_features(bars, fcfg)
+    names = features_lib.feature_names(fcfg, features_lib.has_volume(bars))
+    if names != view.features.names:
+        raise DataError(f"{name}: features {names} differ from the run's {view.features.names}")
+    warmup = view.features.warmup
+    values = features_lib.normalise(raw, view.features.mean, view.features.std, fcfg.clip, warmup)
+    return features_lib.Features(
+        values, names, warmup, sigma, view.features.mean, view.features.std
+    )
+
+
+class Decided(NamedTuple):
+    """One instrument's decision after bar ``t`` (:func:`decide`): ``dates`` its bars' up to
+    ``t``, ``t0`` the replayed walk's first decision, ``split`` the run's split holding ``t``,
+    ``close`` the last close, ``by_seed`` each seed's
+    :class:`~jaxdqn.evaluation.prediction.Prediction` (host arrays)."""
+
+    name: str
+    dates: pd.DatetimeIndex
+    t: int
+    t0: int
+    split: str
+    close: float
+    by_seed: dict[int, Any]
+
+
+class _Lane(NamedTuple):
+    head: Decided  # everything but by_seed (empty)
+    market: Any
+
+
+PANEL_SKIPS = ("too few for the observation window", "the bars are stale", "no bar on or before")
+"""The refusals that, on a panel, skip one instrument (with a note) instead of the call."""
+
+
+def _lane(run: LoadedRun, view: InstrumentView, bars: pd.DataFrame, at) -> _Lane:
+    from jaxdqn.market import env
+
+    name = view.name
+    _check_like_run(view, bars, name)
+    cut = _cut(view, bars, name, at, run.first_decision)
+    dates = pd.DatetimeIndex(cut.index)
+    t = len(cut) - 1
+    t0, split = _walk_start(view, dates, t, run.first_decision)
+    feats = _features(run, view, cut, name)
+    # a row for bar t + 1 (the replay steps its last decision into it), rounded up to a power
+    # of two so that every date up to it shares one compiled predictor
+    length = 1 << max((t + 1).bit_length(), 10)
+    market = env.make_market(*_padded(cut, feats, length), run.cfg.env)
+    return _Lane(Decided(name, dates, t, t0, split, float(cut["close"].iloc[-1]), {}), market)
+
+
+def decide(
+    run: LoadedRun,
+    bars_by_name: dict[str, pd.DataFrame],
+    at: tuple[pd.Timestamp, pd.Timestamp] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    predictor: Any = None,
+) -> tuple[list[Decided], dict[str, str]]:
+    """Every instrument's decision after the last bar of its ``bars_by_name`` entry on or
+    before ``at`` (the module docstring's steps), for each of ``seeds`` (all when None), and
+    the instruments of a panel skipped, with the reason (:data:`PANEL_SKIPS`).
+
+    On a panel every instrument of the run is one lane of one vmapped program, as in the
+    panel's walks (the same batch, so the same bits); an instrument not given or skipped fills
+    its lane with its own first decision and is dropped. ``predictor``:
+    :func:`make_run_predictor`'s function (made here when None; pass one to decide many dates
+    with one compilation).
+
+    Raises:
+      DataError: the refusals of the module docstring (on a panel those not skipped, or every
+        instrument skipped).
+      ConfigError: a seed the run does not have.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from jaxdqn.evaluation import prediction
+    from jaxdqn.program.walks import seed_policy_params
+
+    num_seeds = run.cfg.train.num_seeds
+    seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
+    for s in seeds:
+        if not 0 <= s < num_seeds:
+            raise ConfigError(f"--seed {s}: the run has seeds 0..{num_seeds - 1}")
+    predictor = make_run_predictor(run) if predictor is None else predictor
+    panel = run.prepared.is_panel
+    lanes, skipped = [], {}
+    for view in run.views:
+        if view.name not in bars_by_name:
+            lanes.append(None)
+            continue
+        try:
+            lanes.append(_lane(run, view, bars_by_name[view.name], at))
+        except DataError as e:
+            if not (panel and any(k in str(e) for k in PANEL_SKIPS)):
+                raise
+            skipped[view.name] = str(e)
+            lanes.append(None)
+    if not any(lanes):
+        raise DataError(f"no instrument can be decided: {'; '.join(skipped.values())}")
+    _, rate = prediction.walk_costs(run.prepared.env_params)
+    key = jax.random.PRNGKey(run.cfg.eval.key)
+    outs = {}
+    for s in seeds:
+        # each seed's own (params, v_min, Δz, readiness), sliced as its walks slice them: the
+        # support grid of all seeds at once differs from a seed's own in the last bit
+        policy = seed_policy_params(run.agent, run.state, s)
+        if not panel:
+            (lane,) = lanes
+            t0, t = jnp.int32(lane.head.t0), jnp.int32(lane.head.t)
+            out = predictor(lane.market, t0, t, key, policy, rate)
+            outs[s] = [jax.device_get(out)]
+            continue
+        filled = [
+            lane or _placeholder(run, view) for lane, view in zip(lanes, run.views, strict=True)
+        ]
+        length = max(lane.market.num_bars for lane in filled)
+        markets = [
+            lane.market
+            if lane.market.num_bars == length
+            else jax.tree.map(lambda x, n=length: _grow(x, n), lane.market)
+            for lane in filled
+        ]
+        stacked = jax.tree.map(lambda *x: jnp.stack(x), *markets)
+        t0s = jnp.asarray([lane.head.t0 for lane in filled], jnp.int32)
+        ts = jnp.asarray([lane.head.t for lane in filled], jnp.int32)
+        out = jax.device_get(predictor(stacked, t0s, ts, key, policy, rate))
+        outs[s] = [jax.tree.map(lambda x, i=i: x[i], out) for i in range(len(filled))]
+    decided = []
+    for i, lane in enumerate(lanes):
+        if lane is not None:
+            decided.append(lane.head._replace(by_seed={s: outs[s][i] for s in seeds}))
+    return decided, skipped
+
+
+def _placeholder(run: LoadedRun, view: InstrumentView) -> _Lane:
+    """A lane for an instrument not decided: its own bars' first decision, dropped after."""
+    lane = _lane(run, view, view.bars.iloc[: run.first_decision + 1], None)
+    return lane._replace(head=lane.head._replace(t0=run.first_decision, t=run.first_decision))
+
+
+def _grow(x, length: int):
+    """A market array ``[T, ...]`` with its last row repeated up to ``length`` rows."""
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[-1:], length - len(x), axis=0)], axis=0)
+
+
+def predict(
+    run: LoadedRun,
+    bars_by_name: dict[str, pd.DataFrame],
+    at: tuple[pd.Timestamp, pd.Timestamp] | None = None,
+    seeds: tuple[int, ...] | None = None,
+    predictor: Any = None,
+) -> list[dict[str, Any]]:
+    """:func:`decide`'s decisions as the rows of ``python -m jaxdqn.predict --json`` (see the
+    CLI's docstring), one per instrument and seed; a skipped instrument of a panel gives one
+    row ``{"instrument", "skipped": reason}``."""
+    decided, skipped = decide(run, bars_by_name, at, seeds, predictor)
+    rows = [
+        _row(d, s, run, out, run.prepared.env_params)
+        for d in decided
+        for s, out in d.by_seed.items()
+    ]
+    return rows + [{"instrument": n, "skipped": why} for n, why in skipped.items()]
+
+
+def _padded(bars: pd.DataFrame, feats: features_lib.Features, length: int):
+    """``bars`` and ``feats`` with their last row repeated up to ``length`` rows: markets of
+    every length up to a power of two share one compiled predictor (and the host → device
+    copies one shape). Only the dropped step of the replay's last decision reads a copy."""
+    rows = np.concatenate([np.arange(len(bars)), np.full(length - len(bars), len(bars) - 1)])
+    grown = feats._replace(values=feats.values[rows], sigma=feats.sigma[rows])
+    return bars.iloc[rows], grown
+
+
+def make_run_predictor(run: LoadedRun):
+    """The jitted predictor of :func:`decide` for ``run`` (one per process serves every date):
+    one instrument's, or on a panel every instrument's lanes vmapped (markets ``[I, L]``, first
+    and decision bars ``[I]``)."""
+    import jax
+
+    from jaxdqn.evaluation import prediction
+
+    agent = run.agent
+    one = prediction.make_predictor(
+        agent.model, run.prepared.env_params, agent.acting.eval_policy, jit=False
+    )
+    if run.prepared.is_panel:
+        one = jax.vmap(one, in_axes=(0, 0, 0, None, None, None))
+    return jax.jit(one)
+
+
+def _order_text(order: int, urgency: int, wants: bool, buy: bool, limit: float, held: bool) -> str:
+    if not wants:
+        return "none (already at the target)"
+    side = "buy" if buy else "sell"
+    if order == 0:
+        return f"market {side} at {URGENCY_FILL[urgency]}" + (" (held: close-only)" if held else "")
+    text = f"limit {side} at {limit:.6g} in the next bar"
+    return text + (", else market at the next close" if order == 2 else ", else expires")
+
+
+def _row(d: Decided, seed: int, run: LoadedRun, p: Any, env_params: Any) -> dict[str, Any]:
+    action = [int(a) for a in p.action]
+    order, urgency = action[2], action[3]
+    wants, buy = bool(p.order.wants), bool(p.order.buy)
+    q = {
+        branch: {
+            ACTION_NAMES[branch][a]: {
+                "mean": float(p.q_mean[b, a]),
+                "q10": float(p.quantiles[b, a, 0]),
+                "q50": float(p.quantiles[b, a, 1]),
+                "q90": float(p.quantiles[b, a, 2]),
+                "acted": float(p.q_acted[b, a]),
+            }
+            for a in range(3)
+        }
+        for b, branch in enumerate(BRANCHES)
+    }
+    return {
+        "instrument": d.name,
+        "seed": seed,
+        "date": d.dates[d.t].isoformat(),
+        "t": int(d.t),
+        "close": d.close,
+        "checkpoint_step": int(run.step),
+        "split": d.split,
+        "walk_from": d.dates[d.t0].isoformat(),
+        "actions": dict(zip(BRANCHES, action, strict=True)),
+        "action_names": {b: ACTION_NAMES[b][a] for b, a in zip(BRANCHES, action, strict=True)},
+        "target_position": float(p.target_position),
+        "scale": float(p.scale),
+        "position": float(p.position),
+        "equity": float(p.equity),
+        "order": {
+            "type": ACTION_NAMES["order"][order] if wants else "none",
+            "side": ("buy" if buy else "sell") if wants else "none",
+            "urgency": ACTION_NAMES["urgency"][urgency],
+            "limit_price": float(p.order.limit) if wants and order != 0 else None,
+            "shares": float(p.order.delta) * env_params.capital if wants else 0.0,
+            "text": _order_text(
+                order, urgency, wants, buy, float(p.order.limit), env_params.hold_orders
+            ),
+        },
+        "q": q,
+    }
