@@ -54,7 +54,7 @@ def _table(rows) -> list[str]:
     for r in rows:
         lines.append("")
         lines.append(
-            f"{r['instrument']} seed {r['seed']}: E[Q] [Q10, Q90] per action "
+            f"{r['instrument']} seed {r['seed']}: E[Q] [Q10, Q50, Q90] per action "
             f"(position going in {r['position']:+.3f}, walk from {r['walk_from'][:10]}, "
             f"split {r['split']}, checkpoint {r['checkpoint_step']})"
         )
@@ -63,7 +63,8 @@ def _table(rows) -> list[str]:
             for a in ACTION_NAMES[b]:
                 q = r["q"][b][a]
                 mark = "*" if r["action_names"][b] == a else " "
-                cells.append(f"{mark}{a} {q['mean']:+.3f} [{q['q10']:+.2f}, {q['q90']:+.2f}]")
+                spread = f"[{q['q10']:+.2f}, {q['q50']:+.2f}, {q['q90']:+.2f}]"
+                cells.append(f"{mark}{a} {q['mean']:+.3f} {spread}")
             lines.append(f"  {b:<9} " + "  ".join(cells))
     if rows:
         lines += [

@@ -153,7 +153,7 @@ def test_e3_predict_cli_json_and_table(run_dir, capsys):
     assert predict_cli.main([str(run_dir)]) == 0
     out = capsys.readouterr().out
     assert "| sp500 | 0 | 2018-12-31 |" in out and "| sp500 | 1 |" in out
-    assert out.count("E[Q] [Q10, Q90]") == 2
+    assert out.count("E[Q] [Q10, Q50, Q90]") == 2
 
 
 def _refusal(capsys, argv) -> str:
@@ -186,6 +186,11 @@ def test_e3_predict_refuses_bad_input_in_one_line(run_dir, tmp_path, capsys):
     shutil.copy(run_dir / "config.yaml", empty / "config.yaml")
     assert "no checkpoints" in _refusal(capsys, [str(empty)])
     assert "not a jaxdqn run directory" in _refusal(capsys, [str(tmp_path)])
+    walkforward = tmp_path / "wf"
+    (walkforward / "fold_1").mkdir(parents=True)
+    (walkforward / "walkforward_plan.json").write_text("{}")
+    shutil.copy(run_dir / "config.yaml", walkforward / "config.yaml")
+    assert f"its latest: {walkforward / 'fold_1'}" in _refusal(capsys, [str(walkforward)])
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,10 @@ def load_run(run_dir: Path, which: str | int = "best") -> LoadedRun:
 
     run_dir = Path(run_dir)
     saved = run_dir / "config.yaml"
+    if (run_dir / "walkforward_plan.json").exists():
+        folds = sorted(run_dir.glob("fold_*"), key=lambda f: int(f.name.split("_")[-1]))
+        last = f" (its latest: {folds[-1]})" if folds else ""
+        raise ConfigError(f"{run_dir}: a walk-forward; predict with one of its folds{last}")
     if not saved.exists():
         raise ConfigError(f"{run_dir}: no config.yaml (not a jaxdqn run directory)")
     cfg = config_lib.load(saved, [])
