@@ -95,7 +95,7 @@ def _main(argv) -> int:
     parser.add_argument("--json", action="store_true", help="print a JSON list")
     runtime.add_arguments(parser)
     args = parser.parse_args(argv)
-    runtime.configure_from_args(args, min_compile_seconds=0.0)
+    runtime.configure_from_args(args)
     which = cli.checkpoint_choice(args.checkpoint)
     at = predict_run.parse_at(args.at)
     try:
