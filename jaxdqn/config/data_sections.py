@@ -8,7 +8,15 @@ from dataclasses import dataclass
 
 from jaxdqn.config.fields import ConfigError, _f, _sub
 
-__all__ = ["DataConfig", "SyntheticConfig", "SyntheticInstrument", "date_range"]
+__all__ = ["DataConfig", "SyntheticConfig", "SyntheticInstrument", "date_range", "instant_after"]
+
+
+def instant_after(text: str, when: datetime.datetime) -> datetime.datetime:
+    """The first instant after ``when``, parsed from ``text``, that a range ending there does not
+    hold: the next midnight when ``text`` is a bare date (the whole day belongs to it), else
+    ``when`` plus one microsecond."""
+    bare = len(text.strip()) == 10
+    return when + (datetime.timedelta(days=1) if bare else datetime.timedelta(microseconds=1))
 
 
 def date_range(key: str, values: tuple[str, ...]) -> tuple[datetime.datetime, datetime.datetime]:
@@ -28,8 +36,7 @@ def date_range(key: str, values: tuple[str, ...]) -> tuple[datetime.datetime, da
         raise ConfigError(
             f"data.{key}: not ISO dates or timestamps (YYYY-MM-DD[THH:MM:SS]): {list(values)}"
         ) from None
-    bare = len(str(values[1]).strip()) == 10
-    stop = last + (datetime.timedelta(days=1) if bare else datetime.timedelta(microseconds=1))
+    stop = instant_after(str(values[1]), last)
     if stop <= first:
         raise ConfigError(f"data.{key}: its last date is before its first: {list(values)}")
     return first, stop

@@ -28,7 +28,15 @@ import pandas as pd
 from jaxdqn.evaluation import walk as walk_lib
 from jaxdqn.market import env
 
-__all__ = ["COST_MULTIPLES", "cost_bps", "rollout_at_rate", "scale_costs", "stress_walk"]
+__all__ = [
+    "COST_MULTIPLES",
+    "at_rate",
+    "cost_bps",
+    "rollout_at_rate",
+    "scale_costs",
+    "stress_walk",
+    "traced_costs",
+]
 
 COST_MULTIPLES = (0.0, 1.0, 2.0, 3.0)
 """The cost multiples of the report's stress table."""
@@ -57,12 +65,31 @@ def cost_bps(params: env.EnvParams) -> dict[str, float]:
     }
 
 
+def traced_costs(
+    params: env.EnvParams, multiple: float = 1.0
+) -> tuple[env.EnvParams, jax.Array | None]:
+    """``(static parameters, rate)`` of a walk at ``multiple`` × the costs: without impact the
+    static part carries zero costs and ``rate`` = float32 ``[half_spread, commission] ·
+    multiple`` is a traced argument (:func:`at_rate`); with impact each multiple is its own
+    static parameters and ``rate`` is None."""
+    if params.impact_eta > 0:
+        return scale_costs(params, multiple), None
+    free = dataclasses.replace(params, half_spread=0.0, commission=0.0)
+    rate = jnp.asarray([params.half_spread * multiple, params.commission * multiple], jnp.float32)
+    return free, rate
+
+
+def at_rate(params: env.EnvParams, rate: jax.Array) -> env.EnvParams:
+    """``params`` with the (half-spread, commission) fractions ``rate`` ``[2]`` traced in (no
+    impact: only arithmetic reads them)."""
+    return dataclasses.replace(params, half_spread=rate[0], commission=rate[1])
+
+
 def rollout_at_rate(
     env_params, market, t0, hi, n, policy_fn, key, policy_params, rate
 ) -> walk_lib.Trajectory:
-    """:func:`walk.rollout` with the (half-spread, commission) fractions ``rate`` ``[2]`` traced
-    into a copy of ``env_params`` (no impact: only arithmetic reads them)."""
-    params = dataclasses.replace(env_params, half_spread=rate[0], commission=rate[1])
+    """:func:`walk.rollout` with the costs ``rate`` traced into ``env_params`` (:func:`at_rate`)."""
+    params = at_rate(env_params, rate)
     return walk_lib.rollout(params, market, t0, hi, n, policy_fn, key, policy_params)
 
 
@@ -103,10 +130,9 @@ def stress_walk(
             for k in multiples
         ]
     t0, hi, n = walk_lib.decision_range(env_params, market, lo, hi)
-    free = dataclasses.replace(env_params, half_spread=0.0, commission=0.0)  # the static part
     out = []
     for k in multiples:
-        rate = jnp.asarray([env_params.half_spread * k, env_params.commission * k], jnp.float32)
+        free, rate = traced_costs(env_params, k)
         traj = _rollout_at_rate_jit(
             free, market, jnp.int32(t0), jnp.int32(hi), n, policy_fn, key, policy_params, rate
         )

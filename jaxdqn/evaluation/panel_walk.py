@@ -21,7 +21,6 @@ mean (or median, ``eval.select_on``) over instruments of each instrument's value
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -126,11 +125,7 @@ def stress_walk_panel(
         cost_stress.scale_costs(env_params, k)  # validates k
     out = []
     for k in multiples:
-        if env_params.impact_eta > 0:
-            params, rate = cost_stress.scale_costs(env_params, k), None
-        else:
-            params = dataclasses.replace(env_params, half_spread=0.0, commission=0.0)
-            rate = jnp.asarray([env_params.half_spread * k, env_params.commission * k], jnp.float32)
+        params, rate = cost_stress.traced_costs(env_params, k)
         traj = jax.device_get(
             _rollouts_jit(params, market, t0s, his, n, policy_fn, key, policy_params, rate)
         )

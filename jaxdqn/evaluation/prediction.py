@@ -20,16 +20,15 @@ computes the walk's arithmetic.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
+from jaxdqn.evaluation import cost_stress
 from jaxdqn.evaluation import walk as walk_lib
 from jaxdqn.market import env
 
-__all__ = ["Prediction", "decide_after", "make_predictor", "walk_costs"]
+__all__ = ["Prediction", "decide_after", "make_predictor"]
 
 
 class Prediction(NamedTuple):
@@ -64,17 +63,6 @@ class Prediction(NamedTuple):
     obs: jax.Array
 
 
-def walk_costs(env_params: env.EnvParams) -> tuple[env.EnvParams, jax.Array | None]:
-    """``(static parameters, rate)`` as the agent's walks step (cost_stress at 1×): without
-    impact the costs are zero in the static part and ``rate`` = float32 ``[half_spread,
-    commission]``; with impact the parameters as they are and ``rate`` None."""
-    if env_params.impact_eta > 0:
-        return env_params, None
-    free = dataclasses.replace(env_params, half_spread=0.0, commission=0.0)
-    rate = jnp.asarray([env_params.half_spread, env_params.commission], jnp.float32)
-    return free, rate
-
-
 def decide_after(
     model: Any,
     env_params: env.EnvParams,
@@ -90,16 +78,16 @@ def decide_after(
 
     Args:
       model: the agent's model (:func:`jaxdqn.model.network.make_model`).
-      env_params: static parameters (from :func:`walk_costs`).
+      env_params: static parameters (:func:`jaxdqn.evaluation.cost_stress.traced_costs`).
       policy_fn: the evaluation policy (``agent.acting.eval_policy``).
       market: one instrument's bars (``t < market.num_bars``).
       t0, t: int32 the walk's first decision bar and the decision bar.
       key: the walk's key (``eval.key``).
       policy_params: ``(params, v_min, delta_z, readiness)`` of one seed.
-      rate: the traced costs of :func:`walk_costs`, or None.
+      rate: the traced costs of ``traced_costs``, or None.
     """
     if rate is not None:
-        env_params = dataclasses.replace(env_params, half_spread=rate[0], commission=rate[1])
+        env_params = cost_stress.at_rate(env_params, rate)
     rec = walk_lib.replay(env_params, market, t0, t, policy_fn, key, policy_params)
     params, v_min, delta_z, _ = policy_params
     out = model.apply(params, rec.obs[None], v_min, delta_z)
@@ -127,7 +115,7 @@ def make_predictor(
     for one seed, jitted unless ``jit`` is False (``t0``, ``t`` and the seed's arrays traced: one
     compilation per market length serves every date and seed). Not vmapped over seeds, as the
     walks are not: the same program shapes give the walks' bits."""
-    static, _ = walk_costs(env_params)
+    static, _ = cost_stress.traced_costs(env_params)
 
     def one(market, t0, t, key, policy_params, rate):
         return decide_after(model, static, policy_fn, market, t0, t, key, policy_params, rate)

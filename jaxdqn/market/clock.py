@@ -47,6 +47,7 @@ __all__ = [
     "check_spacing",
     "infer",
     "resolve",
+    "seconds",
     "spacing_text",
 ]
 
@@ -96,7 +97,7 @@ def spacing_text(seconds: float) -> str:
     return f"{seconds / _DAY:.3g} d"
 
 
-def _seconds(dates: pd.DatetimeIndex) -> np.ndarray:
+def seconds(dates: pd.DatetimeIndex) -> np.ndarray:
     """float64 seconds since the epoch (whatever the index's unit)."""
     return np.asarray(pd.DatetimeIndex(dates).as_unit("ns").asi8, dtype=np.float64) / 1e9
 
@@ -108,7 +109,7 @@ def infer(dates: pd.DatetimeIndex) -> BarClock:
       ClockError: fewer than 3 bars, a span under :data:`MIN_SPAN_DAYS` days, or a median
         spacing none of the rules covers.
     """
-    stamps = _seconds(dates)
+    stamps = seconds(dates)
     if stamps.size < 3:
         raise ClockError(f"{stamps.size} bars are too few to infer the bar clock")
     step = float(np.median(np.diff(stamps)))
@@ -180,7 +181,7 @@ def check_spacing(dates: pd.DatetimeIndex) -> tuple[int, str] | None:
     idx = pd.DatetimeIndex(dates)
     if len(idx) < 3:
         return None
-    gaps = np.diff(_seconds(idx))
+    gaps = np.diff(seconds(idx))
     step = float(np.median(gaps))
 
     def changed(row: int, was: float) -> tuple[int, str]:

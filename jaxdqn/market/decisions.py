@@ -12,7 +12,7 @@ from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data
 from jaxdqn.market import features as features_lib
 
-__all__ = ["SPLIT_NAMES", "first_decision", "resolve_clock"]
+__all__ = ["SPLIT_NAMES", "check_one_frequency", "first_decision", "resolve_clock"]
 
 SPLIT_NAMES = ("train", "val", "test")
 
@@ -21,6 +21,16 @@ def first_decision(cfg: Config) -> int:
     """The first bar whose whole observation window holds valid features: the features'
     warmup + ``features.window`` − 1."""
     return features_lib.warmup_length(cfg.features) + cfg.features.window - 1
+
+
+def check_one_frequency(df: pd.DataFrame, name: str) -> None:
+    """Raises DataError naming the first row of ``df`` (called ``name``) where the bar
+    frequency changes (:func:`jaxdqn.market.clock.check_spacing`)."""
+    index = pd.DatetimeIndex(df.index)
+    changed = clock_lib.check_spacing(index)
+    if changed is not None:
+        row, why = changed
+        raise data.DataError(f"{name}: {data.row_label(index, row)}: column 'date': {why}")
 
 
 def resolve_clock(
@@ -33,11 +43,8 @@ def resolve_clock(
       DataError: the file mixes frequencies (naming the row), or ``auto`` cannot infer a clock.
     """
     name = df.attrs.get("source", "data")
+    check_one_frequency(df, name)
     index = pd.DatetimeIndex(df.index)
-    changed = clock_lib.check_spacing(index)
-    if changed is not None:
-        row, why = changed
-        raise data.DataError(f"{name}: {data.row_label(index, row)}: column 'date': {why}")
     try:
         return clock_lib.resolve(setting, index[train[0] : train[1]])
     except clock_lib.ClockError as e:

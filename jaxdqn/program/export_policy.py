@@ -24,7 +24,6 @@ writes).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -125,7 +124,6 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
         }
         for v in run.views
     }
-    saved = run_dir / "config.yaml"
     prov = provenance.provenance(cfg, run_dir)
     manifest = {
         "format": "jaxdqn policy export 1",
@@ -149,7 +147,7 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
         },
         "bar_clock": run.prepared.bar_clock.to_json(),
         "platforms": list(PLATFORMS),
-        "config_sha256": hashlib.sha256(saved.read_bytes()).hexdigest(),
+        "config_sha256": prov["config_sha256"],
         "provenance": {k: prov[k] for k in ("git_commit", "jax", "jaxlib", "platform")},
         "config": config_lib.to_dict(cfg),
     }

@@ -38,6 +38,7 @@ from jaxdqn.config import ConfigError
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import features as features_lib
+from jaxdqn.market.decisions import check_one_frequency
 from jaxdqn.market.errors import DataError
 from jaxdqn.market.splits import Splits
 
@@ -45,6 +46,7 @@ __all__ = [
     "Decided",
     "InstrumentView",
     "LoadedRun",
+    "Undecidable",
     "decide",
     "load_run",
     "make_run_predictor",
@@ -149,11 +151,14 @@ def read_bars(run: LoadedRun, path: str | None) -> dict[str, pd.DataFrame]:
 
 def parse_at(text: str | None) -> tuple[pd.Timestamp, pd.Timestamp] | None:
     """``(at, stop)`` of ``--at``: the instant asked about and the first instant after it that
-    the bars may not reach (a bare date holds its whole day: stop is the next midnight).
+    the bars may not reach (:func:`jaxdqn.config.data_sections.instant_after`: a bare date holds
+    its whole day).
 
     Raises:
       ConfigError: not an ISO date or timestamp.
     """
+    from jaxdqn.config.data_sections import instant_after
+
     if text is None:
         return None
     try:
@@ -162,13 +167,12 @@ def parse_at(text: str | None) -> tuple[pd.Timestamp, pd.Timestamp] | None:
         raise ConfigError(
             f"--at: not an ISO date or timestamp (YYYY-MM-DD[THH:MM:SS]): {text!r}"
         ) from None
-    bare = len(str(text).strip()) == 10
-    stop = at + (datetime.timedelta(days=1) if bare else datetime.timedelta(microseconds=1))
-    return pd.Timestamp(at), pd.Timestamp(stop)
+    return pd.Timestamp(at), pd.Timestamp(instant_after(str(text), at))
 
 
-def _seconds(index: pd.DatetimeIndex) -> np.ndarray:
-    return np.asarray(pd.DatetimeIndex(index).as_unit("ns").asi8, dtype=np.float64) / 1e9
+class Undecidable(DataError):
+    """The bars up to ``--at`` cannot be decided on (none, too few, stale): on a panel the
+    instrument is skipped instead of the call."""
 
 
 def _check_like_run(view: InstrumentView, bars: pd.DataFrame, name: str) -> None:
@@ -181,14 +185,11 @@ def _check_like_run(view: InstrumentView, bars: pd.DataFrame, name: str) -> None
     if vol != run_vol:
         has = ("no volume", "volume")
         raise DataError(f"{name}: bars with {has[vol]}, but the run's bars had {has[run_vol]}")
+    check_one_frequency(bars, name)
     index = pd.DatetimeIndex(bars.index)
-    changed = clock_lib.check_spacing(index)
-    if changed is not None:
-        row, why = changed
-        raise DataError(f"{name}: {data_lib.row_label(index, row)}: column 'date': {why}")
     lo, hi = view.splits.train
-    run_step = float(np.median(np.diff(_seconds(view.bars.index[lo:hi]))))
-    tail = _seconds(index[-1000:])
+    run_step = float(np.median(np.diff(clock_lib.seconds(view.bars.index[lo:hi]))))
+    tail = clock_lib.seconds(index[-1000:])
     if tail.size >= 3:
         step = float(np.median(np.diff(tail)))
         if not 0.5 <= step / run_step <= 2.0:
@@ -207,12 +208,12 @@ def _cut(
         when, stop = at
         n = int(index.searchsorted(stop, side="left"))
         if n == 0:
-            raise DataError(f"{name}: no bar on or before --at {when.isoformat()}")
+            raise Undecidable(f"{name}: no bar on or before --at {when.isoformat()}")
         lo, hi = view.splits.train
-        run_gap = float(np.max(np.diff(_seconds(view.bars.index[lo:hi]))))
+        run_gap = float(np.max(np.diff(clock_lib.seconds(view.bars.index[lo:hi]))))
         late = (when - index[n - 1]).total_seconds()
         if late > run_gap:
-            raise DataError(
+            raise Undecidable(
                 f"{name}: the last bar on or before --at {when.isoformat()} is "
                 f"{index[n - 1].isoformat()}, {clock_lib.spacing_text(late)} earlier: longer "
                 f"than any gap between bars of the run's train split "
@@ -220,7 +221,7 @@ def _cut(
             )
         bars = bars.iloc[:n]
     if len(bars) <= first_decision:
-        raise DataError(
+        raise Undecidable(
             f"{name}: {len(bars)} bars up to the decision, too few for the observation window "
             f"(the features' warm-up and the window need {first_decision + 1})"
         )
@@ -272,28 +273,24 @@ class Decided(NamedTuple):
 
 class _Lane(NamedTuple):
     head: Decided  # everything but by_seed (empty)
-    market: Any
-
-
-PANEL_SKIPS = ("too few for the observation window", "the bars are stale", "no bar on or before")
-"""The refusals that, on a panel, skip one instrument (with a note) instead of the call."""
+    bars: pd.DataFrame  # the bars up to t
+    features: features_lib.Features
 
 
 def _lane(run: LoadedRun, view: InstrumentView, bars: pd.DataFrame, at) -> _Lane:
-    from jaxdqn.market import env
-
     name = view.name
     _check_like_run(view, bars, name)
     cut = _cut(view, bars, name, at, run.first_decision)
     dates = pd.DatetimeIndex(cut.index)
     t = len(cut) - 1
     t0, split = _walk_start(view, dates, t, run.first_decision)
-    feats = _features(run, view, cut, name)
-    # a row for bar t + 1 (the replay steps its last decision into it), rounded up to a power
-    # of two so that every date up to it shares one compiled predictor
-    length = 1 << max((t + 1).bit_length(), 10)
-    market = env.make_market(*_padded(cut, feats, length), run.cfg.env)
-    return _Lane(Decided(name, dates, t, t0, split, float(cut["close"].iloc[-1]), {}), market)
+    head = Decided(name, dates, t, t0, split, float(cut["close"].iloc[-1]), {})
+    return _Lane(head, cut, _features(run, view, cut, name))
+
+
+def _placeholder(run: LoadedRun, view: InstrumentView) -> _Lane:
+    """A panel lane for an instrument not decided: its own first decision, dropped after."""
+    return _lane(run, view, view.bars.iloc[: run.first_decision + 1], None)
 
 
 def decide(
@@ -305,7 +302,7 @@ def decide(
 ) -> tuple[list[Decided], dict[str, str]]:
     """Every instrument's decision after the last bar of its ``bars_by_name`` entry on or
     before ``at`` (the module docstring's steps), for each of ``seeds`` (all when None), and
-    the instruments of a panel skipped, with the reason (:data:`PANEL_SKIPS`).
+    the instruments of a panel skipped, with the reason (:class:`Undecidable`).
 
     On a panel every instrument of the run is one lane of one vmapped program, as in the
     panel's walks (the same batch, so the same bits); an instrument not given or skipped fills
@@ -321,7 +318,8 @@ def decide(
     import jax
     import jax.numpy as jnp
 
-    from jaxdqn.evaluation import prediction
+    from jaxdqn.evaluation import cost_stress
+    from jaxdqn.market import env
     from jaxdqn.program.walks import seed_policy_params
 
     num_seeds = run.cfg.train.num_seeds
@@ -338,58 +336,42 @@ def decide(
             continue
         try:
             lanes.append(_lane(run, view, bars_by_name[view.name], at))
-        except DataError as e:
-            if not (panel and any(k in str(e) for k in PANEL_SKIPS)):
+        except Undecidable as e:
+            if not panel:
                 raise
             skipped[view.name] = str(e)
             lanes.append(None)
     if not any(lanes):
         raise DataError(f"no instrument can be decided: {'; '.join(skipped.values())}")
-    _, rate = prediction.walk_costs(run.prepared.env_params)
+    filled = [lane or _placeholder(run, v) for lane, v in zip(lanes, run.views, strict=True)]
+    # a row for bar t + 1 (the replay steps its last decision into it), rounded up to a power
+    # of two so that every date up to it shares one compiled predictor
+    length = 1 << max(max((lane.head.t + 1).bit_length() for lane in filled), 10)
+    markets = [
+        env.make_market(*_padded(ln.bars, ln.features, length), run.cfg.env) for ln in filled
+    ]
+    t0s = jnp.asarray([lane.head.t0 for lane in filled], jnp.int32)
+    ts = jnp.asarray([lane.head.t for lane in filled], jnp.int32)
+    if panel:
+        market = jax.tree.map(lambda *x: jnp.stack(x), *markets)
+    else:
+        (market,), t0s, ts = markets, t0s[0], ts[0]
+    _, rate = cost_stress.traced_costs(run.prepared.env_params)
     key = jax.random.PRNGKey(run.cfg.eval.key)
     outs = {}
     for s in seeds:
         # each seed's own (params, v_min, Δz, readiness), sliced as its walks slice them: the
         # support grid of all seeds at once differs from a seed's own in the last bit
         policy = seed_policy_params(run.agent, run.state, s)
-        if not panel:
-            (lane,) = lanes
-            t0, t = jnp.int32(lane.head.t0), jnp.int32(lane.head.t)
-            out = predictor(lane.market, t0, t, key, policy, rate)
-            outs[s] = [jax.device_get(out)]
-            continue
-        filled = [
-            lane or _placeholder(run, view) for lane, view in zip(lanes, run.views, strict=True)
-        ]
-        length = max(lane.market.num_bars for lane in filled)
-        markets = [
-            lane.market
-            if lane.market.num_bars == length
-            else jax.tree.map(lambda x, n=length: _grow(x, n), lane.market)
-            for lane in filled
-        ]
-        stacked = jax.tree.map(lambda *x: jnp.stack(x), *markets)
-        t0s = jnp.asarray([lane.head.t0 for lane in filled], jnp.int32)
-        ts = jnp.asarray([lane.head.t for lane in filled], jnp.int32)
-        out = jax.device_get(predictor(stacked, t0s, ts, key, policy, rate))
-        outs[s] = [jax.tree.map(lambda x, i=i: x[i], out) for i in range(len(filled))]
-    decided = []
-    for i, lane in enumerate(lanes):
-        if lane is not None:
-            decided.append(lane.head._replace(by_seed={s: outs[s][i] for s in seeds}))
-    return decided, skipped
-
-
-def _placeholder(run: LoadedRun, view: InstrumentView) -> _Lane:
-    """A lane for an instrument not decided: its own bars' first decision, dropped after."""
-    lane = _lane(run, view, view.bars.iloc[: run.first_decision + 1], None)
-    return lane._replace(head=lane.head._replace(t0=run.first_decision, t=run.first_decision))
-
-
-def _grow(x, length: int):
-    """A market array ``[T, ...]`` with its last row repeated up to ``length`` rows."""
-    x = np.asarray(x)
-    return np.concatenate([x, np.repeat(x[-1:], length - len(x), axis=0)], axis=0)
+        out = jax.device_get(predictor(market, t0s, ts, key, policy, rate))
+        outs[s] = (
+            [jax.tree.map(lambda x, i=i: x[i], out) for i in range(len(filled))] if panel else [out]
+        )
+    return [
+        lane.head._replace(by_seed={s: outs[s][i] for s in seeds})
+        for i, lane in enumerate(lanes)
+        if lane is not None
+    ], skipped
 
 
 def predict(

@@ -117,11 +117,9 @@ def configure(
     cache: bool = True,
     xla_flags: bool = True,
     environ: MutableMapping[str, str] | None = None,
-    min_compile_seconds: float = MIN_COMPILE_SECONDS,
 ) -> Path | None:
     """Set up the compilation cache and jaxdqn's XLA flags; returns the cache folder (None when
-    off). Call before the first JAX computation of the process. Programs that compile in less
-    than ``min_compile_seconds`` are not written to the cache."""
+    off). Call before the first JAX computation of the process."""
     env = os.environ if environ is None else environ
     if xla_flags:
         env["XLA_FLAGS"] = merge_xla_flags(env.get("XLA_FLAGS", ""))
@@ -138,17 +136,12 @@ def configure(
             "with --compile-cache DIR or turn it off with --no-compile-cache"
         ) from None
     jax.config.update("jax_compilation_cache_dir", str(folder))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return folder
 
 
-def configure_from_args(
-    args: argparse.Namespace, min_compile_seconds: float = MIN_COMPILE_SECONDS
-) -> Path | None:
+def configure_from_args(args: argparse.Namespace) -> Path | None:
     """:func:`configure` from the arguments that :func:`add_arguments` added."""
     return configure(
-        args.compile_cache,
-        cache=not args.no_compile_cache,
-        xla_flags=not args.no_xla_flags,
-        min_compile_seconds=min_compile_seconds,
+        args.compile_cache, cache=not args.no_compile_cache, xla_flags=not args.no_xla_flags
     )
