@@ -269,6 +269,20 @@ def test_o6_checkpoint_ignores_interrupted_save(tmp_path):
     assert_bit_exact(ckpt.restore("latest", make_state(0))[0], make_state(1))
 
 
+def test_o6_checkpoint_close_waits_for_the_removal_of_interrupted_saves(tmp_path):
+    """A reader (evaluate, predict) opens and closes without saving: orbax's clean-up of
+    interrupted saves, started in a thread on open, has finished when ``close`` returns (a
+    program exiting while it ran printed a traceback after its one-line error)."""
+    fill(tmp_path, [1.0], keep_latest=1, keep_best=1).close()
+    interrupted = [tmp_path / f"{k}.orbax-checkpoint-tmp-1234567" for k in range(2, 22)]
+    for tmp in interrupted:
+        (tmp / "state").mkdir(parents=True)
+    ckpt = Checkpointer(tmp_path, keep_latest=1, keep_best=1)
+    assert ckpt.steps() == [0]
+    ckpt.close()
+    assert not any(tmp.exists() for tmp in interrupted)
+
+
 @pytest.mark.slow
 def test_o6_checkpoint_complete_when_killed_right_after_save(tmp_path):
     child = textwrap.dedent(

@@ -404,6 +404,13 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for pending work and release orbax's resources."""
         self._mngr.wait_until_finished()
+        # orbax (0.12) removes unfinished temporary directories in a background thread started
+        # when the manager opens and awaits it only before a save: a program that opened the
+        # checkpoints only to read them (evaluate, predict, a refused --checkpoint) could exit
+        # while it ran, and the thread then printed a traceback after the one-line error.
+        await_cleanup = getattr(self._mngr, "_maybe_await_cleanup_tmp_directory", None)
+        if await_cleanup is not None:
+            await_cleanup()
         self._mngr.close()
 
     def __enter__(self) -> Checkpointer:
