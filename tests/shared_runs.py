@@ -11,6 +11,8 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,22 +50,49 @@ def shared(name: str, build: Callable[[Path], None]) -> Path:
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
-# The population of the shared runs: 2 seeds of the smoke config, one epoch.
-POPULATION = ["train.epochs=1", "train.num_seeds=2"]
+# The shared population: 2 seeds of the smoke config (every component on, L3 included), 4
+# epochs of 3 iterations — enough for a resume after epoch 2 and a plateau detector with a
+# previous epoch to compare — on the S&P 500 with the default train split and two years of
+# val and one of test (the defaults' three and three: the val walk runs every epoch, and
+# the predict test replays the test walk up to each of its bars).
+POPULATION = [
+    "train.epochs=4",
+    "train.iterations_per_epoch=3",
+    "train.num_seeds=2",
+    "data.split=dates",
+    "data.train_dates=[1999-01-04, 2012-12-31]",
+    "data.val_dates=[2013-01-02, 2014-12-31]",
+    "data.test_dates=[2015-01-02, 2015-12-31]",
+]
+POPULATION_ARGS = ["--config", str(SMOKE), *POPULATION]
 
 
-def ablation_all_on() -> Path:
-    """``python -m jaxdqn.ablate --only all_on`` on the smoke config with :data:`POPULATION`:
-    every component on (L3 included), 2 seeds, one epoch. Its ``all_on/`` is a complete run
-    directory of a 2-seed population (the seed-population test reads it) and the all-on
-    reference of the ablation test, which copies it and trains only its own variant."""
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def population() -> Path:
+    """``python -m jaxdqn.train --no-progress`` + :data:`POPULATION_ARGS` ``--run-dir run``,
+    started from the run's folder: a complete 2-seed run directory (``run/``) with the
+    program's ``stdout.txt`` and ``stderr.txt`` beside it. It is the reference of the resume
+    and same-command tests, the run the evaluate, predict and export tests read, and the
+    ``all_on`` variant of the ablation test (``ablate``'s all-on is this command)."""
 
     def build(folder: Path) -> None:
-        from jaxdqn import ablate
+        cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *POPULATION_ARGS]
+        res = subprocess.run(
+            [*cmd, "--run-dir", "run"],
+            cwd=folder,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        (folder / "stdout.txt").write_text(res.stdout)
+        (folder / "stderr.txt").write_text(res.stderr)
+        assert res.returncode == 0, res.stderr[-3000:]
 
-        args = ["--config", str(SMOKE), "--only", "all_on", "--out", str(folder), *POPULATION]
-        code = ablate.main(args)
-        log = folder / "all_on.log"
-        assert code == 0, log.read_text()[-3000:] if log.exists() else code
-
-    return shared("ablation_all_on", build)
+    return shared("population", build) / "run"

@@ -99,12 +99,13 @@ def test_ablation_refuses_unknown_variants_with_one_line(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_ablation_end_to_end_on_the_smoke_config_and_resumes_by_skipping(tmp_path, capsys):
-    """The all-on reference comes from the session's shared ablation (the same command with
-    ``--only all_on``), copied in as a finished variant: this run trains ``no_kan`` only, and
-    skips ``all_on`` exactly as a resumed ablation does."""
+    """The all-on reference is the session's shared population (``shared_runs.population``:
+    the smoke config with every component on is exactly ablate's ``all_on`` with the same
+    overrides), copied in as a finished variant: this run trains ``no_kan`` only, and skips
+    ``all_on`` exactly as a resumed ablation does."""
     out = tmp_path / "abl"
     out.mkdir()
-    shutil.copytree(shared_runs.ablation_all_on() / "all_on", out / "all_on")
+    shutil.copytree(shared_runs.population(), out / "all_on")
     reference = (out / "all_on" / "summary.json").stat().st_mtime_ns
     smoke = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
     args = ["--config", str(smoke), "--only", "no_kan", "--out", str(out)]

@@ -26,11 +26,6 @@ def _env(devices: int = 4) -> dict:
     return env
 
 
-def _train_env(args, cwd, env, timeout=900):
-    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def _records(run_dir):
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(x).items() if k not in VOLATILE} for x in lines]
@@ -63,11 +58,19 @@ ONE_AGENT_TWO_DEVICES = [
 def test_scale_two_processes_with_jax_distributed_equal_one_process_with_two_devices(tmp_path):
     """jax.distributed on localhost (gloo CPU collectives): two processes of one device each
     write the summary and log of one process with two local devices; only process 0 writes."""
-    one = _train_env([*ONE_AGENT_TWO_DEVICES, "--run-dir", "local"], tmp_path, _env(2))
-    assert one.returncode == 0, one.stderr[-3000:]
+    # the one-process reference alongside the two processes (three programs, one test's time)
+    train = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *ONE_AGENT_TWO_DEVICES]
+    local = subprocess.Popen(
+        [*train, "--run-dir", "local"],
+        cwd=tmp_path,
+        env=_env(2),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     port = _free_port()
-    cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *ONE_AGENT_TWO_DEVICES]
-    cmd += ["--run-dir", "multi", "--coordinator", f"localhost:{port}", "--num-processes", "2"]
+    cmd = [*train, "--run-dir", "multi", "--coordinator", f"localhost:{port}"]
+    cmd += ["--num-processes", "2"]
     procs = [
         subprocess.Popen(
             [*cmd, "--process-id", str(i)],
@@ -80,6 +83,8 @@ def test_scale_two_processes_with_jax_distributed_equal_one_process_with_two_dev
         for i in range(2)
     ]
     outs = [p.communicate(timeout=900) for p in procs]
+    _, local_err = local.communicate(timeout=900)
+    assert local.returncode == 0, local_err[-3000:]
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     assert "2 cpu devices: seed 1 × data 2" in (tmp_path / "multi" / "events.log").read_text()

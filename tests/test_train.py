@@ -46,12 +46,13 @@ def _records(run_dir):
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    """One uninterrupted smoke run (also the reference of the resume test)."""
-    cwd = tmp_path_factory.mktemp("full")
-    res = _train(["--config", str(SMOKE), "--run-dir", "run", *FAST], cwd, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return cwd / "run", res
+def full_run():
+    """The session's shared population (``shared_runs.population``: 2 seeds, every component
+    on, 4 epochs of 3 iterations, trained by ``python -m jaxdqn.train``) and its output; also
+    the reference of the resume and same-command tests."""
+    run = shared_runs.population()
+    out = (run.parent / "stdout.txt").read_text(), (run.parent / "stderr.txt").read_text()
+    return run, out
 
 
 @pytest.mark.slow
@@ -102,36 +103,55 @@ def test_e3_training_writes_every_output(full_run):
     assert summary["data"] == {"close_only": False, "volume": True, "held_branches": {}}
     assert "| bar clock | 252 bars a year (inferred: daily bars" in (run / "report.md").read_text()
     assert "bar clock 252 bars a year" in (run / "events.log").read_text()
-    assert "epoch 4/4" in res.stderr + res.stdout  # plain progress lines when not a terminal
-    assert "report.md" in res.stdout
+    stdout, stderr = res
+    assert "epoch 4/4" in stderr + stdout  # plain progress lines when not a terminal
+    assert "report.md" in stdout
+
+
+def _checkpoint_crcs(run_dir):
+    """Every checkpoint's CRC-32 of every state leaf, as recorded at save time."""
+    out = {}
+    for meta in sorted((Path(run_dir) / "checkpoints").glob("*/meta/metadata")):
+        out[meta.parent.parent.name] = [leaf[3] for leaf in json.loads(meta.read_text())["leaves"]]
+    return out
 
 
 @pytest.mark.slow
-def test_o6_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
+def test_o6_resume_after_sigkill_is_byte_identical_to_the_uninterrupted_run(full_run, tmp_path):
+    """The shared population's command again, killed −9 after epoch 2's checkpoint and resumed
+    with ``--resume``, ends with the uninterrupted run's metrics.jsonl (minus wall-clock fields),
+    summary.json (minus wall time and provenance) and checkpoints, byte for byte: resume is exact
+    (O6), and the same command twice gives the same bytes (issue 16 on the CPU; the second
+    time from the session's compilation cache)."""
     ref, _ = full_run
-    args = ["--config", str(SMOKE), "--run-dir", "run", *FAST]
+    args = [*shared_runs.POPULATION_ARGS, "--run-dir", "run"]
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
     step_after_epoch_2 = tmp_path / "run" / "checkpoints" / "6"
     kill_when_exists(cmd, tmp_path, _env(), step_after_epoch_2)
     assert step_after_epoch_2.exists()
+    assert not (tmp_path / "run" / "summary.json").exists()  # killed before the end
     res = _train(["--resume", "run"], tmp_path, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert _records(tmp_path / "run") == _records(ref)
+    again = tmp_path / "run"
+    assert _records(again) == _records(ref)
     a = json.loads((ref / "summary.json").read_text())
-    b = json.loads((tmp_path / "run" / "summary.json").read_text())
+    b = json.loads((again / "summary.json").read_text())
     assert a["val"] == b["val"] and a["test"] == b["test"] and a["best_epoch"] == b["best_epoch"]
+    assert a["seeds"] == b["seeds"]
+    strip = lambda s: {k: v for k, v in s.items() if k not in ("wall_time_s", "provenance")}
+    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
+    assert _checkpoint_crcs(again) == _checkpoint_crcs(ref) and _checkpoint_crcs(ref)
+    assert a["provenance"]["deterministic"] is True and a["provenance"]["seed"] == 0
+    keys = ("jax", "jaxlib", "device_kind", "xla_flags", "compile_cache", "config_sha256")
+    for key in (*keys, "git_commit"):
+        assert key in a["provenance"]
+    assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]
 
 
 @pytest.mark.slow
 def test_o6_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
-    args = [
-        "--config",
-        str(SMOKE),
-        "--run-dir",
-        "run",
-        "train.epochs=50",
-        "train.iterations_per_epoch=3",
-    ]
+    # the shared population's program (loaded from the session's cache), for 50 epochs
+    args = [*shared_runs.POPULATION_ARGS, "train.epochs=50", "--run-dir", "run"]
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *args]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -151,27 +171,31 @@ def test_o6_sigint_saves_a_checkpoint_and_exits_130(tmp_path):
 
 
 @pytest.mark.slow
-def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path):
+def test_e3_bad_config_and_bad_data_exit_2_with_one_line(tmp_path, capsys, monkeypatch):
+    """The exit code of the program in its own process; the bad data through its ``main``."""
+    from jaxdqn import train
+
     res = _train(["nope.key=1"], tmp_path, timeout=300)
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0 and "nope" in res.stderr
+    monkeypatch.chdir(tmp_path)
     bad = tmp_path / "bad.csv"
     bad.write_text(
         "date,open,high,low,close,volume\n2020-01-01,1,2,0.5,1,10\n2020-01-01,1,2,0.5,1,10\n"
     )
-    res = _train(["data.source=csv", f"data.path={bad}"], tmp_path, timeout=300)
-    assert res.returncode == 2
-    assert res.stderr.strip().count("\n") == 0 and "bad.csv" in res.stderr
-    assert "Traceback" not in res.stderr
+    assert train.main(["--no-progress", "data.source=csv", f"data.path={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "bad.csv" in err
+    assert "Traceback" not in err
     # dates past pandas' nanosecond calendar (2262-04-11): one line, exit 2, nothing written
     far = tmp_path / "far.csv"
     far.write_text(
         "date,open,high,low,close,volume\n2262-04-10,1,2,0.5,1,10\n2262-04-12,1,2,0.5,1,10\n"
     )
-    res = _train(["data.source=csv", f"data.path={far}"], tmp_path, timeout=300)
-    assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert res.stderr.strip().count("\n") == 0
-    assert "row 1: column 'date': date '2262-04-12' is outside the range" in res.stderr
+    assert train.main(["--no-progress", "data.source=csv", f"data.path={far}"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().count("\n") == 0
+    assert "row 1: column 'date': date '2262-04-12' is outside the range" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -185,7 +209,9 @@ def test_e3_existing_run_dir_is_never_overwritten(tmp_path):
 
 
 def _trainer(tmp_path, extra=()):
-    cfg = config.load(SMOKE, [*FAST, *extra])
+    """An in-process training of the shared population's config (its programs come from the
+    session's compilation cache) with ``extra`` overrides."""
+    cfg = config.load(SMOKE, [*shared_runs.POPULATION, *extra])
     return loop.Trainer(cfg, tmp_path / "run", progress=False)
 
 
@@ -296,7 +322,7 @@ def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
     assert trainer.placed.iterate._cache_size() == 1  # the recovered state: the same program
     records = _records(tmp_path / "run")
     assert [r["epoch"] for r in records] == [1, 2, 3]
-    assert all(np.isfinite(r["loss"]) for r in records if r["loss"] is not None)
+    assert all(np.isfinite(r["loss"]).all() for r in records if r["loss"] is not None)
     assert "non-finite" in (tmp_path / "run" / "events.log").read_text()
 
 
@@ -315,34 +341,40 @@ def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(full_run, tmp_path):
+def test_e3_evaluate_cli_reproduces_the_best_checkpoint_and_transfers(
+    full_run, tmp_path, capsys, monkeypatch
+):
+    """The program end to end in its own process; the other instrument and the refused
+    inputs through its ``main`` in this one (the same code after the interpreter starts)."""
+    from jaxdqn import evaluate
+
     run, _ = full_run
     cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test",
            "--out", str(tmp_path / "ev")]  # fmt: skip
     res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    got = json.loads((tmp_path / "ev" / "metrics_test.json").read_text())["seeds"][0]
+    got = json.loads((tmp_path / "ev" / "metrics_test.json").read_text())["seeds"]
     summary = json.loads((run / "summary.json").read_text())
-    for k in ("sharpe", "max_drawdown", "annual_return", "turnover"):
-        assert got[k] == pytest.approx(summary["test"][k], rel=1e-12, abs=1e-12), k
+    assert len(got) == len(summary["seeds"]) == 2
+    for mine, theirs in zip(got, summary["seeds"], strict=True):
+        for k in ("sharpe", "max_drawdown", "annual_return", "turnover"):
+            assert mine[k] == pytest.approx(theirs["test"][k], rel=1e-12, abs=1e-12), k
     assert (tmp_path / "ev" / "eval_test.csv").is_file()
     # another instrument through data overrides (here the synthetic market)
-    other = [*cmd[:-1], str(tmp_path / "ev2"), "data.source=synthetic", "data.split=fraction"]
-    res = subprocess.run(other, env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    args = [str(run), "--split", "test", "--out", str(tmp_path / "ev2")]
+    assert evaluate.main([*args, "data.source=synthetic", "data.split=fraction"]) == 0
     assert (tmp_path / "ev2" / "eval_test.csv").is_file()
-    bad = [*cmd, "model.sh1=7"]
-    res = subprocess.run(bad, env=_env(), capture_output=True, text=True, timeout=600)
-    assert res.returncode == 2 and "model.sh1" in res.stderr
+    capsys.readouterr()
+    assert evaluate.main([*args, "model.sh1=7"]) == 2
+    assert "model.sh1" in capsys.readouterr().err
     # a step the run never saved: a user error (one line, exit 2), the directory as given
+    monkeypatch.chdir(tmp_path)
     rel = os.path.relpath(run, tmp_path)
-    missing = [sys.executable, "-m", "jaxdqn.evaluate", rel, "--checkpoint", "999"]
-    res = subprocess.run(
-        missing, env=_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path
-    )
-    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0, res.stderr[-2000:]
-    assert f"--checkpoint 999: {rel} has no checkpoint at that step (steps: " in res.stderr
-    assert str(tmp_path) not in res.stderr
+    assert evaluate.main([rel, "--checkpoint", "999"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0, err[-2000:]
+    assert f"--checkpoint 999: {rel} has no checkpoint at that step (steps: " in err
+    assert str(tmp_path) not in err
     assert got_clock(tmp_path / "ev") == {
         "bars_per_year": 252.0,
         "inferred": True,
@@ -357,9 +389,8 @@ def got_clock(out: Path) -> dict:
 
 @pytest.mark.slow
 def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
-    """The session's shared 2-seed run (``shared_runs.ablation_all_on``: every component on,
-    one epoch), read only."""
-    run = shared_runs.ablation_all_on() / "all_on"
+    """The session's shared 2-seed run (``shared_runs.population``), read only."""
+    run = shared_runs.population()
     summary = json.loads((run / "summary.json").read_text())
     assert [s["seed"] for s in summary["seeds"]] == [0, 1]
     sharpes = [s["test"]["sharpe"] for s in summary["seeds"]]
@@ -375,35 +406,6 @@ def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
     ckpt.close()
     assert all(x.shape[0] == 2 for x in jax.tree.leaves(state.params))
     assert "2 seeds" in (run / "report.md").read_text()
-
-
-def _checkpoint_crcs(run_dir):
-    """Every checkpoint's CRC-32 of every state leaf, as recorded at save time."""
-    out = {}
-    for meta in sorted((Path(run_dir) / "checkpoints").glob("*/meta/metadata")):
-        out[meta.parent.parent.name] = [leaf[3] for leaf in json.loads(meta.read_text())["leaves"]]
-    return out
-
-
-@pytest.mark.slow
-def test_o6_same_command_twice_is_bit_identical(full_run, tmp_path):
-    """Issue 16 on the CPU: the smoke run's command again gives byte-identical metrics.jsonl
-    (minus wall-clock fields), summary.json (minus wall time and provenance) and checkpoints."""
-    ref, _ = full_run
-    res = _train(["--config", str(SMOKE), "--run-dir", "again", *FAST], tmp_path, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    again = tmp_path / "again"
-    assert _records(again) == _records(ref)
-    strip = lambda s: {k: v for k, v in s.items() if k not in ("wall_time_s", "provenance")}
-    a = json.loads((ref / "summary.json").read_text())
-    b = json.loads((again / "summary.json").read_text())
-    assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
-    assert _checkpoint_crcs(again) == _checkpoint_crcs(ref) and _checkpoint_crcs(ref)
-    assert a["provenance"]["deterministic"] is True and a["provenance"]["seed"] == 0
-    keys = ("jax", "jaxlib", "device_kind", "xla_flags", "compile_cache", "config_sha256")
-    for key in (*keys, "git_commit"):
-        assert key in a["provenance"]
-    assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]
 
 
 @pytest.mark.slow
