@@ -92,26 +92,42 @@ def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path
     assert "--xla_cpu_experimental_ynn_fusion_type=" in env["XLA_FLAGS"].split()
 
 
-def _smoke_train(tmp_path, *args):
+def _smoke_cmd(*args):
     """One short smoke training with every component off: these tests are about the cache
     folder, and the small program compiles in a fraction of the full one's time."""
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", "--config", str(SMOKE)]
-    cmd += [*ALL_OFF, "train.epochs=1", "train.iterations_per_epoch=2", *args]
-    return subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True)
+    return [*cmd, *ALL_OFF, "train.epochs=1", "train.iterations_per_epoch=2", *args]
+
+
+def _smoke_train(tmp_path, *args):
+    return subprocess.run(
+        _smoke_cmd(*args), cwd=tmp_path, env=_env(), capture_output=True, text=True
+    )
 
 
 @pytest.mark.slow
 def test_training_fills_the_compile_cache_and_no_compile_cache_leaves_none(tmp_path):
-    cache = tmp_path / "cache"
-    res = _smoke_train(tmp_path, "--run-dir", "a", "--compile-cache", str(cache))
-    assert res.returncode == 0, res.stderr[-3000:]
+    cache, off = tmp_path / "cache", tmp_path / "off"
+    # both cold, side by side (neither can load the other's programs: one writes none)
+    procs = [
+        subprocess.Popen(
+            _smoke_cmd(*args),
+            cwd=tmp_path,
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for args in (
+            ["--run-dir", "a", "--compile-cache", str(cache)],
+            ["--run-dir", "b", "--compile-cache", str(off), "--no-compile-cache"],
+        )
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
     entries = [p for p in cache.rglob("*") if p.is_file()]
     assert entries, "no compiled program was written to the cache"
-    off = tmp_path / "off"
-    res = _smoke_train(
-        tmp_path, "--run-dir", "b", "--compile-cache", str(off), "--no-compile-cache"
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
     assert not off.exists()
 
 

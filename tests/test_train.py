@@ -405,7 +405,18 @@ def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
     state, _, _ = ckpt.restore("latest", template)
     ckpt.close()
     assert all(x.shape[0] == 2 for x in jax.tree.leaves(state.params))
-    assert "2 seeds" in (run / "report.md").read_text()
+    report = (run / "report.md").read_text()
+    assert "2 seeds" in report
+    sections = [line for line in report.splitlines() if line.startswith("## ")]
+    assert sections == [
+        "## Run",
+        "## Results (best checkpoint by validation Sharpe)",
+        "## Statistics",
+        "## Cost stress (test)",
+        "## Val equity",
+        "## Test equity",
+        "## Training",
+    ]
 
 
 @pytest.mark.slow
