@@ -22,8 +22,8 @@ VOLATILE = ("wall_time", "env_steps_per_s", "updates_per_s")
 PANEL = [
     "data.source=synthetic",
     "data.split=fraction",
-    "data.synthetic.num_bars=700",
-    "data.synthetic.panel=[{name: slow, phi: 0.25, num_bars: 900},"
+    "data.synthetic.num_bars=450",
+    "data.synthetic.panel=[{name: slow, phi: 0.25, num_bars: 600},"
     " {name: late, phi: 0.2, vol: 0.02, start_date: '2004-03-01'}, {name: noise, phi: 0.0}]",
 ]
 ARGS = ["--config", str(SMOKE), *PANEL, "train.epochs=2", "train.iterations_per_epoch=3"]
