@@ -78,8 +78,9 @@ def population() -> Path:
     """``python -m jaxdqn.train --no-progress`` + :data:`POPULATION_ARGS` ``--run-dir run``,
     started from the run's folder: a complete 2-seed run directory (``run/``) with the
     program's ``stdout.txt`` and ``stderr.txt`` beside it. It is the reference of the resume
-    and same-command tests, the run the evaluate, predict and export tests read, and the
-    ``all_on`` variant of the ablation test (``ablate``'s all-on is this command)."""
+    test (which also checks that the same command gives the same bytes), the run the evaluate,
+    predict and export tests read, and the ``all_on`` variant of the ablation test
+    (``ablate``'s all-on is this command)."""
 
     def build(folder: Path) -> None:
         cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *POPULATION_ARGS]
