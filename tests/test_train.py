@@ -304,7 +304,9 @@ def test_o4_branch_reset_zeroes_branch_moments_only(tmp_path):
 
 @pytest.mark.slow
 def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
-    trainer = _trainer(tmp_path, ["train.epochs=3"])
+    # every component off, here and in the next test (one program for both): the fault path
+    # is the loop's, whatever the model; the plateau test keeps every component on
+    trainer = _trainer(tmp_path, ["train.epochs=3", *config.ALL_OFF])
     real = trainer.iterate
     calls = {"n": 0}
 
@@ -328,7 +330,7 @@ def test_o6_non_finite_state_is_restored_and_never_checkpointed(tmp_path):
 
 @pytest.mark.slow
 def test_o6_repeated_faults_stop_with_a_clear_error(tmp_path):
-    trainer = _trainer(tmp_path, ["train.max_faults=2"])
+    trainer = _trainer(tmp_path, ["train.max_faults=2", *config.ALL_OFF])
     real = trainer.iterate
 
     def always_bad(state, market):
@@ -423,7 +425,9 @@ def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
 def test_e1_e3_close_only_universe_file_trains_reports_and_holds_the_order_branches(tmp_path):
     """A table of 20 instruments' adjusted closes (no open, high, low or volume), one of them
     traded through ``data.columns``: the run detects close-only bars, holds order = market and
-    urgency = high on every bar of its walks and says so in the report."""
+    urgency = high on every bar of its walks and says so in the report. Every component off:
+    the held branches are the environment's (``EnvParams.hold_orders``), whatever the model,
+    and a program of its own (no volume feature) compiles in a fraction of the all-on time."""
     rng = np.random.default_rng(5)
     dates = pd.bdate_range("2005-01-03", periods=700)
     wide = pd.DataFrame(
@@ -441,6 +445,7 @@ def test_e1_e3_close_only_universe_file_trains_reports_and_holds_the_order_branc
             "data.split=fraction",
             "env.impact_eta=0",
             "train.epochs=2",
+            *config.ALL_OFF,
         ],
     )
     assert trainer.prepared.close_only and not trainer.prepared.has_volume
