@@ -350,7 +350,13 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
                     ref.log[["direction", "magnitude", "order", "urgency"]].to_numpy(),
                 )
                 for name, v in ref.metrics.items():
-                    np.testing.assert_allclose(got.metrics[name], v, rtol=1e-4, atol=1e-7)
+                    # hit_rate counts the bars whose return is non-zero: a return that is zero
+                    # in exact arithmetic (a position closed at the previous close) can round
+                    # to ±1e-9 in one of the two programs under the suite's test-only code
+                    # generation (tests/conftest.py; 2 of 32 such bars once): two bars at most
+                    tol = 2.0 / max(int((ref.log["return"] != 0).sum()) - 2, 1)
+                    tol = tol if name == "hit_rate" else 1e-7
+                    np.testing.assert_allclose(got.metrics[name], v, rtol=1e-4, atol=tol)
         assert tuple(walks[1][0].log.columns) == walk_lib.LOG_COLUMNS
     res = panel_walk.cross_section(walks[1], pm.names, "median")
     assert list(res.log["instrument"].unique()) == list(pm.names)
