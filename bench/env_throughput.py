@@ -1,4 +1,4 @@
-"""Environment-only throughput (issue 2, SPEC E1): env steps per second, vmapped and jitted.
+"""Environment-only throughput (issue 2, E1): env steps per second, vmapped and jitted.
 
 Each jitted call runs ``K`` steps of ``vmap(step_autoreset)`` over ``N`` environments inside one
 ``lax.scan``; random actions are drawn inside the scan. The observation is part of the scan

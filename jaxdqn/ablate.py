@@ -37,10 +37,10 @@ from jaxdqn.program import cli
 
 __all__ = ["VARIANTS", "verdict"]
 
-#: variant name → (SPEC IDs switched off, the component overrides). Every variant except
-#: ``defaults`` starts from :data:`ALL_ON` (components that are off by default, L3, are switched
-#: on), so "each off alone" is measured against every component on; ``defaults`` is the config
-#: as shipped. "all_on" is the reference of every comparison.
+#: variant name → (component IDs of docs/DESIGN.md switched off, the component overrides).
+#: Every variant except ``defaults`` starts from :data:`ALL_ON` (components that are off by
+#: default, L3, are switched on), so "each off alone" is measured against every component on;
+#: ``defaults`` is the config as shipped. "all_on" is the reference of every comparison.
 _ALONE: dict[str, tuple[str, str]] = {
     "no_vsn": ("M2", "model.vsn"),
     "no_kan": ("M4", "model.kan"),

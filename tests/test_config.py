@@ -134,8 +134,8 @@ def test_config_all_off_switches_every_component():
         # default: every component on except L3 (docs/LEARNING.md)
         off = {k for k in keys if not getattr(getattr(default, section), k)}
         assert off == ({"spread"} if section == "loss" else set()), section
-    # The 18 component switches of the SPEC's M, L and A groups, none missing (L2's sampled
-    # target became a switch in issue 11).
+    # The 18 component switches of the M, L and A components (docs/DESIGN.md), none missing
+    # (L2's sampled target became a switch in issue 11).
     assert sum(len(keys) for keys in C.SWITCHES.values()) == 18
     assert _bools(C.ModelConfig) == set(C.SWITCHES["model"])  # no model switch missing
     hints = typing.get_type_hints(C.Config)

@@ -496,7 +496,7 @@ def random_market(num_bars=64, seed=0, num_features=3) -> E.MarketData:
 
 
 def reference_step(p: E.EnvParams, m: E.MarketData, t, cash, shares, equity, action, scale):
-    """SPEC E1 written as plainly as possible, in float64 Python."""
+    """E1 (docs/DESIGN.md) written as plainly as possible, in float64 Python."""
     g = lambda a, i: float(np.asarray(a, np.float64)[i])
     c0, sig, adv = g(m.close, t), g(m.sigma, t), g(m.adv, t)
     o1, h1, l1, c1 = g(m.open, t + 1), g(m.high, t + 1), g(m.low, t + 1), g(m.close, t + 1)

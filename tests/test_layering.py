@@ -1,4 +1,4 @@
-"""The package's layering (SPEC "Layering"), checked from the source's own imports.
+"""The package's layering (docs/ARCHITECTURE.md), checked from the source's own imports.
 
 Layers, bottom to top; a module may import modules of lower layers and of its own package, never
 a higher layer or a sibling package of its own layer:

@@ -60,7 +60,7 @@ def _obs(b, key=1):
 
 
 # --------------------------------------------------------------------------------------------
-# An independent numpy (float64) forward pass of the main network, written from the SPEC.
+# An independent numpy (float64) forward pass of the main network, written from docs/DESIGN.md.
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Reward units (SPEC "Reward units", issue 11): ``loss.reward_scale: auto`` puts Q in units of
+"""Reward units (issue 11; docs/DESIGN.md, A1, L1): ``loss.reward_scale: auto`` puts Q in units of
 one daily return std of the train split, so every Q threshold (A1/L2 floors, L7 minimum, M14
 target gap, L3 bound) is relative to the reward unit — against numpy by hand."""
 

@@ -1,4 +1,4 @@
-"""Scale (issue 13, SPEC "Scale"): the ``("seed", "data")`` mesh, populations over devices and
+"""Scale-out (X1, issue 13): the ``("seed", "data")`` mesh, populations over devices and
 one agent data-parallel, and a sharded training run killed and resumed (two processes under
 ``jax.distributed``: ``tests/test_scale_runs.py``). The multi-device checks run in a subprocess
 with ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` (the flag must precede JAX's start;

@@ -1,4 +1,4 @@
-"""E3 statistics (SPEC "Statistics a quant trusts"): PSR and DSR against skfolio, the stationary
+"""E3 and S1 statistics (docs/DESIGN.md): PSR and DSR against skfolio, the stationary
 bootstrap's coverage on series with a known Sharpe, the SPA's orientation, the population dict
 (jaxdqn.evaluation.statistics)."""
 

@@ -100,7 +100,7 @@ def spread_surrogate(
     challenger up at half strength (c=+½), the others down (c=−1): a pressure orthogonal to the
     Bellman error that keeps actions differentiated when the cross-entropy gradient vanishes.
 
-    Bounded (SPEC L3, revision 2): on ẑ the gradient does not grow with Δz (the seed's
+    Bounded (L3, docs/DESIGN.md): on ẑ the gradient does not grow with Δz (the seed's
     Δz-scaled form grew as Δz² and, with M14's amplifier, ran away to a Q-gap of 18.9 on a
     20-wide support), and the gate g_b (:func:`spread_gate`) switches it off once the branch's
     Q-gap reaches ``loss.spread_max_gap`` reward units.
@@ -211,8 +211,10 @@ def make_loss(
 ) -> Loss:
     """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches.
 
-    Each auxiliary module (L6) sees stop-gradient inputs, so the parameter groups' gradients do
-    not mix and one optax update serves all of them:
+    The coordinator (M8–M11) and the xLSTM (M13) see stop-gradient copies of the online E[Q],
+    so their terms (L6) do not reach the trunk or the branches; the selectivity head (M12)
+    reads the trunk output itself, so its BCE trains the trunk too. One optax update serves
+    every parameter group:
 
     - L1: IS-weighted C51 cross-entropy of the taken actions, summed over branches;
     - L3: bounded spread surrogate, per-branch scale ``spread_weight`` ×

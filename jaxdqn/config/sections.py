@@ -297,8 +297,9 @@ class Config:
         check_cross_fields(self)
 
 
-#: Component switches per section (SPEC M, L and A groups). All of them off gives the plain
-#: branching dueling C51 baseline of the ablations (prioritised replay, L8, stays as configured).
+#: Component switches per section (docs/DESIGN.md: the M, L and A components). All of them
+#: off gives the plain branching dueling C51 baseline of the ablations (prioritised replay,
+#: L8, stays as configured).
 SWITCHES: dict[str, tuple[str, ...]] = {
     "model": (
         "vsn",

@@ -1,4 +1,4 @@
-"""Resampling statistics from arch (SPEC "Statistics a quant trusts"): stationary-bootstrap
+"""Resampling statistics from arch (docs/DESIGN.md, S1): stationary-bootstrap
 confidence intervals of the Sharpe ratio and Hansen's SPA test.
 
 * **Intervals** (``arch.bootstrap.StationaryBootstrap``, Politis & Romano 1994): blocks of

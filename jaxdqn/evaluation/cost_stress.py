@@ -1,4 +1,4 @@
-"""Cost stress (SPEC "Statistics a quant trusts"): one policy walked at k× the configured costs.
+"""Cost stress (docs/DESIGN.md, E3 and S1): one policy walked at k× the configured costs.
 
 A result that lives only at the configured costs is fragile: the walk of
 :func:`jaxdqn.evaluation.walk.walk` is repeated with every cost rate of the environment multiplied

@@ -1,4 +1,4 @@
-"""Closed-form Sharpe statistics (SPEC "Statistics a quant trusts"): the per-period Sharpe, the
+"""Closed-form Sharpe statistics (docs/DESIGN.md, S1): the per-period Sharpe, the
 Probabilistic and the Deflated Sharpe Ratio.
 
 Every input is a series of *simple* per-bar returns ``r[0..T-1]`` (NaN = missing, dropped);

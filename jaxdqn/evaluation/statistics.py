@@ -1,4 +1,4 @@
-"""Statistics a quant trusts (SPEC, revision 2): is a result skill or luck?
+"""Statistics a quant trusts (docs/DESIGN.md, S1): is a result skill or luck?
 
 One entry point for a split of a population run, :func:`population_statistics`, and the
 functions it is made of, re-exported here:

@@ -1,4 +1,4 @@
-"""The statistics of a finished run's walks (SPEC "Statistics a quant trusts"), as written to
+"""The statistics of a finished run's walks (docs/DESIGN.md, S1), as written to
 ``summary.json`` (``"statistics"``, ``"cost_stress"``) and ``metrics_<split>.json``.
 
 * :func:`selection_trials` — the trials behind the best checkpoint: every seed's val Sharpe at
