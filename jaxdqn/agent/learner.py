@@ -19,15 +19,25 @@ import optax
 
 from jaxdqn.agent import losses, targets
 from jaxdqn.agent.dynamics import BatchObservation, Dynamics
-from jaxdqn.agent.losses import Loss
+from jaxdqn.agent.losses import Loss, LossParts
 from jaxdqn.agent.replay import Replay
 from jaxdqn.agent.state import TrainState
+from jaxdqn.agent.targets import Target
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES
 from jaxdqn.config import KernelsConfig, LossConfig, ReplayConfig
 from jaxdqn.model.network import Model
 from jaxdqn.shards import ONE_DEVICE, Shards
 
-__all__ = ["Batch", "Learner", "beta_schedule", "make_learner"]
+__all__ = [
+    "Batch",
+    "Learner",
+    "beta_schedule",
+    "make_learner",
+    "rank_normalised",
+    "step_metrics",
+    "target_outputs",
+    "update_target",
+]
 
 
 class Batch(NamedTuple):
@@ -46,6 +56,94 @@ def beta_schedule(updates: chex.Array, beta0: float, anneal_updates: int) -> che
     """L8: IS exponent annealed linearly from β₀ to 1 over ``anneal_updates`` updates."""
     frac = jnp.minimum(updates.astype(jnp.float32) / anneal_updates, 1.0)
     return beta0 + (1.0 - beta0) * frac
+
+
+def rank_normalised(batch: Batch, reward_std: chex.Array, shards: Shards) -> Batch:
+    """L5: ``batch`` with its n-step rewards replaced by their ranks over the global batch,
+    scaled to the reward-std EMA (:func:`jaxdqn.agent.targets.rank_normalise`)."""
+    ranked = targets.rank_normalise(shards.gather(batch.reward), reward_std)
+    return batch._replace(reward=shards.rows(ranked, batch.obs.shape[0]))
+
+
+def target_outputs(
+    model: Model,
+    target_params: chex.ArrayTree,
+    batch: Batch,
+    v_min: chex.Array,
+    delta_z: chex.Array,
+    *,
+    two_passes: bool,
+    fused: bool,
+) -> tuple[chex.Array, chex.Array, chex.Array]:
+    """The target network's ``(probs, E[Q])`` at s′ (``[B, 4, 3, N]``, ``[B, 4, 3]``) and its
+    E[Q] at s (``[B, 4, 3]``) when the loss needs it (``two_passes``; zeros otherwise).
+    ``fused``: one pass over [s′; s]: the network is row-wise (no batch statistics before M8),
+    so each half equals its own pass."""
+    b = batch.obs.shape[0]
+    if two_passes and fused:
+        both = model.apply(
+            target_params, jnp.concatenate([batch.next_obs, batch.obs]), v_min, delta_z
+        )
+        return both.probs[:b], both.q_mean[:b], both.q_mean[b:]
+    next_out = model.apply(target_params, batch.next_obs, v_min, delta_z)
+    if two_passes:
+        q_target_s = model.apply(target_params, batch.obs, v_min, delta_z).q_mean
+    else:
+        q_target_s = jnp.zeros((b, NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
+    return next_out.probs, next_out.q_mean, q_target_s
+
+
+def update_target(
+    params: chex.ArrayTree,
+    target_params: chex.ArrayTree,
+    updates: chex.Array,
+    *,
+    hard: bool,
+    period: int,
+    polyak_tau: float,
+) -> chex.ArrayTree:
+    """L2's target network after update number ``updates``: the online parameters copied every
+    ``period`` updates (``hard``), else Polyak averaging θ⁻ ← τ θ + (1 − τ) θ⁻."""
+    if hard:
+        return optax.periodic_update(params, target_params, updates, period)
+    return optax.incremental_update(params, target_params, polyak_tau)
+
+
+def step_metrics(
+    parts: LossParts,
+    batch: Batch,
+    target: Target,
+    grads: chex.ArrayTree,
+    utilisation: chex.Array,
+    entropy_coef: chex.Array,
+    dyn_metrics: dict[str, chex.Array],
+    shards: Shards,
+) -> dict[str, chex.Array]:
+    """One update's metrics: the loss parts and batch means over the global batch, the global
+    gradient's norm, the dynamics' statistics and the largest priority."""
+    means = {
+        "loss": parts.total,
+        "loss_c51": parts.c51,
+        "loss_spread": parts.spread,
+        "loss_entropy": parts.entropy,
+        "loss_denoise": parts.denoise,
+        "loss_coord": parts.coord,
+        "loss_select": parts.select,
+        "loss_xlstm": parts.xlstm,
+        "entropy": parts.mean_entropy,
+        "priority_mean": parts.per_sample.mean(),
+        "is_weight_mean": batch.weights.mean(),
+        "td_target_mean": target.td.mean(),
+    }
+    return {
+        **shards.mean(means),
+        "grad_norm": optax.tree.norm(grads),
+        **dyn_metrics,
+        "atom_utilisation": utilisation,
+        "entropy_coef": entropy_coef,
+        "priority_max": shards.max(parts.per_sample.max()),
+        "end_atom_mass": target.end_mass,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,30 +211,17 @@ def make_learner(
         and every batch statistic are global, so each device applies the same update."""
         dyn = state.dynamics
         v_min, delta_z = dynamics.grid(dyn)
-        b = batch.obs.shape[0]
         if rank_rewards:
-            ranked = targets.rank_normalise(shards.gather(batch.reward), dyn.reward_std_ema)
-            batch = batch._replace(reward=shards.rows(ranked, b))
-
-        two_passes = loss.needs_target_q_s
-        if two_passes and fused:
-            # One target-network pass over [s'; s]: the network is row-wise (no batch
-            # statistics before M8), so each half equals its own pass.
-            both = model.apply(
-                state.target_params,
-                jnp.concatenate([batch.next_obs, batch.obs]),
-                v_min,
-                delta_z,
-            )
-            next_probs, next_q = both.probs[:b], both.q_mean[:b]
-            q_target_s = both.q_mean[b:]
-        else:
-            next_out = model.apply(state.target_params, batch.next_obs, v_min, delta_z)
-            next_probs, next_q = next_out.probs, next_out.q_mean
-            if two_passes:
-                q_target_s = model.apply(state.target_params, batch.obs, v_min, delta_z).q_mean
-            else:
-                q_target_s = jnp.zeros((b, NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
+            batch = rank_normalised(batch, dyn.reward_std_ema, shards)
+        next_probs, next_q, q_target_s = target_outputs(
+            model,
+            state.target_params,
+            batch,
+            v_min,
+            delta_z,
+            two_passes=loss.needs_target_q_s,
+            fused=fused,
+        )
         target = targets.target_distribution(
             k_target,
             next_probs,
@@ -176,14 +261,14 @@ def make_learner(
         # L8: new priorities from the per-sample loss.
         replay_state = replay.set_priorities(state.replay, batch.indices, parts.per_sample)
 
-        # L2: target network, hard copy every C updates or Polyak.
-        if hard_target:
-            copy = updates % period == 0
-            target_params = jax.tree.map(
-                lambda o, t: jnp.where(copy, o, t), params, state.target_params
-            )
-        else:
-            target_params = optax.incremental_update(params, state.target_params, polyak_tau)
+        target_params = update_target(
+            params,
+            state.target_params,
+            updates,
+            hard=hard_target,
+            period=period,
+            polyak_tau=polyak_tau,
+        )
 
         # L7, M13, M14 and the EMAs from what this batch showed.
         # (global rows: every device observes the same batch and keeps the same statistics)
@@ -207,29 +292,9 @@ def make_learner(
             dynamics=dyn,
             updates=updates,
         )
-        means = {
-            "loss": parts.total,
-            "loss_c51": parts.c51,
-            "loss_spread": parts.spread,
-            "loss_entropy": parts.entropy,
-            "loss_denoise": parts.denoise,
-            "loss_coord": parts.coord,
-            "loss_select": parts.select,
-            "loss_xlstm": parts.xlstm,
-            "entropy": parts.mean_entropy,
-            "priority_mean": parts.per_sample.mean(),
-            "is_weight_mean": batch.weights.mean(),
-            "td_target_mean": target.td.mean(),
-        }
-        metrics = {
-            **shards.mean(means),
-            "grad_norm": optax.tree.norm(grads),
-            **dyn_metrics,
-            "atom_utilisation": utilisation,
-            "entropy_coef": entropy_coef,
-            "priority_max": shards.max(parts.per_sample.max()),
-            "end_atom_mass": target.end_mass,
-        }
+        metrics = step_metrics(
+            parts, batch, target, grads, utilisation, entropy_coef, dyn_metrics, shards
+        )
         return new_state, metrics
 
     def update(state: TrainState) -> tuple[TrainState, dict[str, chex.Array]]:
