@@ -265,8 +265,8 @@ def _loss_inputs(model):
     liquid_mod = jnp.array([1.0, 2.0, 0.5, 1.0])
     xlstm_state = model.xlstm.init_state()
     last_stats = jnp.ones((4, 3))
-    return (params, obs, actions, weights, target, q_target_s, v_min, dz, jnp.float32(0.02),
-            liquid_mod, xlstm_state, last_stats)  # fmt: skip
+    return params, L.LossInputs(obs, actions, weights, target, q_target_s, v_min, dz,
+                                jnp.float32(0.02), liquid_mod, xlstm_state, last_stats)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -274,9 +274,9 @@ def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
     loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, reward_unit=_UNIT)
     assert loss.needs_target_q_s  # aux training with the denoiser regresses on Q_target(s)
-    args = _loss_inputs(model)
-    params, obs, actions, weights, target, _, v_min, dz, coef, liquid_mod = args[:10]
-    total, parts = jax.jit(loss.loss)(*args)
+    params, inputs = _loss_inputs(model)
+    obs, actions, weights, target, _, v_min, dz, coef, liquid_mod = inputs[:9]
+    total, parts = jax.jit(loss.loss)(params, inputs)
     out = model.apply(params, obs, v_min, dz)
     # L1: IS-weighted mean over the batch of the per-branch cross-entropies' sum
     ce = jax.vmap(L.c51_cross_entropy)(out.logits, actions, target.probs).sum(-1)
@@ -309,13 +309,15 @@ def test_l1_make_loss_with_every_extra_off_is_the_c51_loss():
     cfg = LossConfig(spread=False, entropy=False, aux_training=False)
     loss = L.make_loss(cfg, _MODEL_CFG, model)
     assert not loss.needs_target_q_s
-    args = _loss_inputs(model)
-    total, parts = jax.jit(loss.loss)(*args)
+    params, inputs = _loss_inputs(model)
+    total, parts = jax.jit(loss.loss)(params, inputs)
     np.testing.assert_allclose(total, parts.c51)
     for name in ("spread", "entropy", "denoise", "coord", "select", "xlstm"):
         assert float(getattr(parts, name)) == 0.0, name
     # the xLSTM state passes through untouched when L6 is off
-    for a, b in zip(jax.tree.leaves(parts.xlstm_state), jax.tree.leaves(args[10]), strict=True):
+    for a, b in zip(
+        jax.tree.leaves(parts.xlstm_state), jax.tree.leaves(inputs.xlstm_state), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
 
 
@@ -325,15 +327,12 @@ def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale(
     logits (M5 conditions on Q/Δz), the gate (gap / max_gap) and so the spread gradient
     unchanged; the seed's Δz/B scale made it c² larger."""
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
-    args = list(_loss_inputs(model))
+    params, inputs = _loss_inputs(model)
     grads = []
     for c in (1.0, 8.0, 0.03125):
         loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, reward_unit=_UNIT * c)
-        args[6], args[7] = jnp.float32(-1.0 * c), jnp.float32(0.2 * c)
-        rest = tuple(args[1:])
-        grads.append(
-            jax.grad(lambda p, rest=rest, loss=loss: loss.loss(p, *rest)[1].spread)(args[0])
-        )
+        scaled = inputs._replace(v_min=jnp.float32(-1.0 * c), delta_z=jnp.float32(0.2 * c))
+        grads.append(jax.grad(lambda p, x=scaled, loss=loss: loss.loss(p, x)[1].spread)(params))
     g_main = [jax.tree.leaves(g["main"]) for g in grads]
     assert max(float(jnp.abs(x).max()) for x in g_main[0]) > 0  # the push is not gated off
     for other in g_main[1:]:
@@ -343,14 +342,14 @@ def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale(
 
 def test_l3_bound_zero_gradient_once_every_gap_reaches_max_gap():
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
-    args = _loss_inputs(model)
-    out = model.apply(args[0], args[1], args[6], args[7])
+    params, inputs = _loss_inputs(model)
+    out = model.apply(params, inputs.obs, inputs.v_min, inputs.delta_z)
     gaps = np.asarray(out.q_mean.max(-1) - out.q_mean.min(-1))
     assert gaps.min() > 1e-5
     for max_gap, zero in ((1e-6, True), (float(gaps.max()) * 2, False)):
         loss = L.make_loss(LossConfig(spread=True, spread_max_gap=max_gap), _MODEL_CFG, model)
-        spread = lambda p, loss=loss: loss.loss(p, *args[1:])[1].spread
-        value, grad = jax.value_and_grad(spread)(args[0])
+        spread = lambda p, loss=loss: loss.loss(p, inputs)[1].spread
+        value, grad = jax.value_and_grad(spread)(params)
         largest = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(grad))
         if zero:
             assert float(value) == 0.0 and largest == 0.0

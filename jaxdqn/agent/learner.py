@@ -19,7 +19,7 @@ import optax
 
 from jaxdqn.agent import losses, targets
 from jaxdqn.agent.dynamics import BatchObservation, Dynamics
-from jaxdqn.agent.losses import Loss, LossParts
+from jaxdqn.agent.losses import Loss, LossInputs, LossParts
 from jaxdqn.agent.replay import Replay
 from jaxdqn.agent.state import TrainState
 from jaxdqn.agent.targets import Target
@@ -237,20 +237,20 @@ def make_learner(
         )
         entropy_coef = losses.entropy_coefficient(jnp.float32(entropy_base), dyn.utilisation_ema)
 
-        grads, parts = jax.grad(loss.loss, has_aux=True)(
-            state.params,
-            batch.obs,
-            batch.actions,
-            batch.weights,
-            target,
-            q_target_s,
-            v_min,
-            delta_z,
-            entropy_coef,
-            dyn.liquid.mod,
-            dyn.xlstm,
-            dyn.last_stats,
+        inputs = LossInputs(
+            obs=batch.obs,
+            actions=batch.actions,
+            weights=batch.weights,
+            target=target,
+            q_target_s=q_target_s,
+            v_min=v_min,
+            delta_z=delta_z,
+            entropy_coef=entropy_coef,
+            liquid_mod=dyn.liquid.mod,
+            xlstm_state=dyn.xlstm,
+            last_stats=dyn.last_stats,
         )
+        grads, parts = jax.grad(loss.loss, has_aux=True)(state.params, inputs)
         # Every loss term is a mean over this device's (equally many) rows: the mean of the
         # devices' gradients is the global batch's gradient.
         grads = shards.mean(grads)

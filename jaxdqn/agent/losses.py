@@ -190,14 +190,30 @@ class LossParts(NamedTuple):
     context: chex.Array
 
 
+class LossInputs(NamedTuple):
+    """What one evaluation of the loss reads besides the parameters: the learner's batch, its
+    targets and the dynamics' current values."""
+
+    obs: chex.Array  # [B, D]
+    actions: chex.Array  # int32 [B, 4] taken actions
+    weights: chex.Array  # [B] L8 importance weights
+    target: Target  # L1/L2: target distributions [B, 4, N] and TD targets [B, 4]
+    q_target_s: chex.Array  # [B, 4, 3] target network's E[Q] at s (zeros when not needed)
+    v_min: chex.Array  # L7 support's lower end
+    delta_z: chex.Array  # L7 atom spacing
+    entropy_coef: chex.Array  # L4 coefficient
+    liquid_mod: chex.Array  # [4] M14's modulation of the L3 term
+    xlstm_state: XLSTMState  # M13 cell state
+    last_stats: chex.Array  # [4, 3] the previous batch's per-branch statistics (M13 input)
+
+
 @dataclasses.dataclass(frozen=True)
 class Loss:
-    """``loss(params, obs, actions, weights, target, q_target_s, v_min, delta_z, entropy_coef,
-    liquid_mod, xlstm_state, last_stats) -> (total, LossParts)`` from :func:`make_loss`, for
+    """``loss(params, inputs: LossInputs) -> (total, LossParts)`` from :func:`make_loss`, for
     ``jax.grad(..., has_aux=True)``; ``needs_target_q_s`` tells the learner whether to compute
     the target network's Q at s (the denoiser's regression target)."""
 
-    loss: Callable[..., tuple[chex.Array, LossParts]]
+    loss: Callable[[Any, LossInputs], tuple[chex.Array, LossParts]]
     needs_target_q_s: bool
 
 
@@ -237,20 +253,9 @@ def make_loss(
     coordination = model_cfg.q_attention or model_cfg.graph
     xlstm_on = model_cfg.xlstm
 
-    def loss(
-        params: Any,
-        obs: chex.Array,
-        actions: chex.Array,
-        weights: chex.Array,
-        target: Target,
-        q_target_s: chex.Array,
-        v_min: chex.Array,
-        delta_z: chex.Array,
-        entropy_coef: chex.Array,
-        liquid_mod: chex.Array,
-        xlstm_state: XLSTMState,
-        last_stats: chex.Array,
-    ) -> tuple[chex.Array, LossParts]:
+    def loss(params: Any, inputs: LossInputs) -> tuple[chex.Array, LossParts]:
+        obs, actions, weights, target, q_target_s, v_min, delta_z = inputs[:7]
+        entropy_coef, liquid_mod, xlstm_state, last_stats = inputs[7:]
         b = obs.shape[0]
         out = model.apply(params, obs, v_min, delta_z)
 
