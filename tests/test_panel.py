@@ -354,8 +354,8 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
                     # in exact arithmetic (a position closed at the previous close) can round
                     # to ±1e-9 in one of the two programs under the suite's test-only code
                     # generation (tests/conftest.py; 2 of 32 such bars once): two bars at most
-                    tol = 2.0 / max(int((ref.log["return"] != 0).sum()) - 2, 1)
-                    tol = tol if name == "hit_rate" else 1e-7
+                    nonzero = int((ref.log["return"] != 0).sum())
+                    tol = 2.0 / max(nonzero - 2, 1) if name == "hit_rate" else 1e-7
                     np.testing.assert_allclose(got.metrics[name], v, rtol=1e-4, atol=tol)
         assert tuple(walks[1][0].log.columns) == walk_lib.LOG_COLUMNS
     res = panel_walk.cross_section(walks[1], pm.names, "median")

@@ -254,8 +254,10 @@ def make_loss(
     xlstm_on = model_cfg.xlstm
 
     def loss(params: Any, inputs: LossInputs) -> tuple[chex.Array, LossParts]:
-        obs, actions, weights, target, q_target_s, v_min, delta_z = inputs[:7]
-        entropy_coef, liquid_mod, xlstm_state, last_stats = inputs[7:]
+        obs, actions, weights, target = inputs.obs, inputs.actions, inputs.weights, inputs.target
+        q_target_s, v_min, delta_z = inputs.q_target_s, inputs.v_min, inputs.delta_z
+        entropy_coef, liquid_mod = inputs.entropy_coef, inputs.liquid_mod
+        xlstm_state, last_stats = inputs.xlstm_state, inputs.last_stats
         b = obs.shape[0]
         out = model.apply(params, obs, v_min, delta_z)
 
