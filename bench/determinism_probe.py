@@ -24,7 +24,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
-    from jaxdqn.program.runtime import GPU_XLA_FLAGS
+    from jaxdqn.program.launch.runtime import GPU_XLA_FLAGS
 
     os.environ["XLA_FLAGS"] = " ".join([*GPU_XLA_FLAGS, *args.flags.split()])
     import jax

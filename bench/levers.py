@@ -10,7 +10,7 @@ checkout alone, e.g. to compare switches with ``--also``): each variant runs
 call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
 
 - ``before`` / ``after``: the code in ``--before`` and this checkout;
-- ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.runtime.GPU_XLA_FLAGS`
+- ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.launch.runtime.GPU_XLA_FLAGS`
   (command buffers with concurrent regions); ``--flags on`` runs the second alone;
 - ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on.
 
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jaxdqn.program.runtime import GPU_XLA_FLAGS  # noqa: E402
+from jaxdqn.program.launch.runtime import GPU_XLA_FLAGS  # noqa: E402
 
 
 def trace_variant(

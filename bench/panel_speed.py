@@ -4,7 +4,7 @@
     python bench/panel_speed.py --tiny         # smoke sizes, to check the script on a CPU
 
 For each market — the bundled S&P 500 index (one instrument) and the bundled 20 stocks (a panel,
-close-only) — builds the trainer's own program (``jaxdqn.program.loop.Trainer``: the placed,
+close-only) — builds the trainer's own program (``jaxdqn.program.run.loop.Trainer``: the placed,
 jitted iteration with the market as an argument), runs iterations until the learner is on,
 then times ``--iters`` iterations one by one (each blocks on its result): the median gives
 learner updates/s (``optim.updates`` per iteration) and env steps/s. Also the validation walk
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jaxdqn import config  # noqa: E402
-from jaxdqn.program import loop  # noqa: E402
+from jaxdqn.program.run import loop  # noqa: E402
 
 MARKETS = {
     "sp500 (1 instrument)": ["data.source=sp500"],

@@ -59,12 +59,14 @@ def main() -> None:
 
     import jax
 
-    from jaxdqn.program import export_policy, predict_run
+    from jaxdqn.program.trained import export as export_policy
+    from jaxdqn.program.trained import load
+    from jaxdqn.program.trained import predict as predict_run
 
-    run = predict_run.load_run(run_dir)
+    run = load.load_run(run_dir)
     predictor = predict_run.make_run_predictor(run)
     log = pd.read_csv(run_dir / "eval_test.csv")
-    bars = predict_run.read_bars(run, None)
+    bars = load.read_bars(run, None)
     view = run.views[0]
     dates = pd.DatetimeIndex(view.bars.index)
     start = time.perf_counter()

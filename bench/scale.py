@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import build_agent  # noqa: E402
 from jaxdqn.market import market as market_lib  # noqa: E402
-from jaxdqn.program.placement import place  # noqa: E402
+from jaxdqn.program.run.placement import place  # noqa: E402
 
 
 def sizes(tiny: bool) -> dict[str, int]:

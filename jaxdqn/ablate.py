@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxdqn.config import ALL_OFF, ALL_ON, ConfigError
-from jaxdqn.program import cli
+from jaxdqn.program.launch import cli
 
 __all__ = ["VARIANTS", "verdict"]
 

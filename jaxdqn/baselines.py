@@ -19,7 +19,7 @@ from jaxdqn.evaluation.baselines import (
 )
 from jaxdqn.evaluation.panel_baselines import run_panel_baselines
 from jaxdqn.market.market import PanelPrepared, Prepared, prepare
-from jaxdqn.program import cli, runtime
+from jaxdqn.program.launch import cli, runtime
 
 __all__ = ["format_table", "main"]
 

@@ -4,18 +4,18 @@ Walks a saved agent deterministically over a split (:func:`jaxdqn.evaluation.wal
 writes ``RUN_DIR/eval/eval_<split>.csv`` and ``metrics_<split>.json``: each seed's metrics and
 ``statistics``, the population statistics of the split against the baselines walked on the same
 bars (bootstrap intervals, PSR, DSR over the run's val trials in ``metrics.jsonl``, SPA;
-:mod:`jaxdqn.program.run_statistics`). Data, env (costs) and eval keys may be overridden
+:mod:`jaxdqn.program.report.run_statistics`). Data, env (costs) and eval keys may be overridden
 (evaluate on another instrument, or on another panel); the network must match the checkpoint.
 On a panel the log has an ``instrument`` column, the statistics are those of the equal-weight
 portfolios, and ``metrics_<split>.json`` adds ``instruments`` (each instrument's agent and
-baseline metrics) and ``panel`` (the cross-section; :mod:`jaxdqn.program.panel_results`), and
+baseline metrics) and ``panel`` (the cross-section; :mod:`jaxdqn.program.report.panel_results`), and
 ``portfolio_<split>.csv`` and ``baselines_instruments_<split>.csv`` are written too.
 
 ``RUN_DIR`` may be a panel's walk-forward (``python -m jaxdqn.walkforward``): every fold's
 checkpoint is evaluated on its own test dates with the same overrides (e.g. instruments no fold
 trained on: ``data.instruments=[...]``) into ``OUT/fold_<k>/``, and the folds are stitched
 instrument by instrument into ``OUT/metrics_test.json`` and ``stitched_instruments_test.csv``
-(:mod:`jaxdqn.program.evaluate_run`). Bad config or data: one line on stderr, exit code 2; a
+(:mod:`jaxdqn.program.trained.evaluate`). Bad config or data: one line on stderr, exit code 2; a
 checkpoint that cannot be restored: exit code 1.
 """
 
@@ -28,7 +28,10 @@ def _main(argv) -> int:
     from pathlib import Path
 
     from jaxdqn import config as config_lib
-    from jaxdqn.program import checkpoint, cli, evaluate_run, run_statistics, runtime
+    from jaxdqn.program.checkpoints import checkpoint
+    from jaxdqn.program.launch import cli, runtime
+    from jaxdqn.program.report import run_statistics
+    from jaxdqn.program.trained import evaluate as evaluate_run
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.evaluate",
@@ -81,7 +84,7 @@ def _main(argv) -> int:
 
 
 def _print_stitched(payload) -> None:
-    from jaxdqn.program.formats import fixed
+    from jaxdqn.program.records.formats import fixed
 
     cross = payload["panel"]["cross_section"]["test"]
     mean, ref = cross["mean"], cross["buy_and_hold"]
@@ -99,7 +102,7 @@ def _print_stitched(payload) -> None:
 
 
 def main(argv=None) -> int:
-    from jaxdqn.program import cli
+    from jaxdqn.program.launch import cli
 
     return cli.run_main("jaxdqn.evaluate", _main, argv)
 

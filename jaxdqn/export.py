@@ -1,7 +1,7 @@
 """``python -m jaxdqn.export RUN_DIR OUT_DIR [--checkpoint best|latest|STEP]``
 
 Writes the run's greedy policy as a ``jax.export`` artifact that runs without jaxdqn
-(:mod:`jaxdqn.program.export_policy`): ``policy.jax`` (StableHLO, any batch size, CPU and CUDA),
+(:mod:`jaxdqn.program.trained.export`): ``policy.jax`` (StableHLO, any batch size, CPU and CUDA),
 ``params.npz``, ``normaliser.json`` and ``manifest.json``. Load it with ``jax`` and ``numpy``
 alone::
 
@@ -25,7 +25,9 @@ def _main(argv) -> int:
     from pathlib import Path
 
     from jaxdqn import config as config_lib
-    from jaxdqn.program import checkpoint, cli, export_policy, runtime
+    from jaxdqn.program.checkpoints import checkpoint
+    from jaxdqn.program.launch import cli, runtime
+    from jaxdqn.program.trained import export as export_policy
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.export",
@@ -51,7 +53,7 @@ def _main(argv) -> int:
 
 
 def main(argv=None) -> int:
-    from jaxdqn.program import cli
+    from jaxdqn.program.launch import cli
 
     return cli.run_main("jaxdqn.export", _main, argv)
 

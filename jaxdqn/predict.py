@@ -4,7 +4,7 @@
 What the trained agent of ``RUN_DIR`` does after the last bar on or before ``--at`` (default:
 the last bar) of the run's own bars, or of ``--data`` (a file for a one-instrument run, a
 directory, glob or long file for a panel run, read with the run's data settings): the decision
-its evaluation walk takes there (:mod:`jaxdqn.program.predict_run`: bars after ``--at`` cut off,
+its evaluation walk takes there (:mod:`jaxdqn.program.trained.predict`: bars after ``--at`` cut off,
 features normalised with the run's train statistics, the walk of the split holding that bar
 replayed from its first decision, the greedy policy of the chosen checkpoint).
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 def _table(rows) -> list[str]:
     from jaxdqn.branches import ACTION_NAMES, BRANCHES
-    from jaxdqn.program.formats import markdown_table
+    from jaxdqn.program.records.formats import markdown_table
 
     skipped = [r for r in rows if "skipped" in r]
     rows = [r for r in rows if "skipped" not in r]
@@ -80,7 +80,10 @@ def _main(argv) -> int:
     import json
 
     from jaxdqn import config as config_lib
-    from jaxdqn.program import checkpoint, cli, predict_run, runtime
+    from jaxdqn.program.checkpoints import checkpoint
+    from jaxdqn.program.launch import cli, runtime
+    from jaxdqn.program.trained import load
+    from jaxdqn.program.trained import predict as predict_run
 
     parser = argparse.ArgumentParser(
         prog="python -m jaxdqn.predict",
@@ -99,10 +102,10 @@ def _main(argv) -> int:
     which = cli.checkpoint_choice(args.checkpoint)
     at = predict_run.parse_at(args.at)
     try:
-        run = predict_run.load_run(args.run_dir, which)
+        run = load.load_run(args.run_dir, which)
     except checkpoint.CheckpointError as e:
         raise config_lib.ConfigError(f"{args.run_dir}: no usable checkpoint ({e})") from None
-    bars = predict_run.read_bars(run, args.data)
+    bars = load.read_bars(run, args.data)
     seeds = None if args.seed is None else (args.seed,)
     rows = predict_run.predict(run, bars, at, seeds)
     if args.json:
@@ -113,7 +116,7 @@ def _main(argv) -> int:
 
 
 def main(argv=None) -> int:
-    from jaxdqn.program import cli
+    from jaxdqn.program.launch import cli
 
     return cli.run_main("jaxdqn.predict", _main, argv)
 

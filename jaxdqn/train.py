@@ -6,11 +6,11 @@ directory: ``config.yaml``, ``metrics.jsonl``, TensorBoard files under ``tb/``,
 ``summary.json`` and ``report.md`` with its plots.
 
 JAX's persistent compilation cache is on (``--compile-cache DIR``, ``--no-compile-cache``) and
-the GPU XLA flags are added (``--no-xla-flags``): :mod:`jaxdqn.program.runtime`.
+the GPU XLA flags are added (``--no-xla-flags``): :mod:`jaxdqn.program.launch.runtime`.
 
 Many processes (``jax.distributed``): ``--coordinator HOST:PORT --num-processes N --process-id
 I``, or a cluster launcher JAX detects (SLURM ``srun``, Open MPI, Kubernetes JobSet); every
-process runs the same command and only process 0 writes (:mod:`jaxdqn.program.distributed`).
+process runs the same command and only process 0 writes (:mod:`jaxdqn.program.launch.distributed`).
 
 ``--resume DIR`` continues a run from its latest checkpoint with the config saved in the run
 (``train.epochs=N`` may be raised to train longer; ``--config`` and overrides that restate the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.program import cli, distributed, runtime
+from jaxdqn.program.launch import cli, distributed, runtime
 
 RESUMABLE_KEYS = ("train.epochs",)
 
@@ -101,7 +101,8 @@ def _main(argv: Sequence[str] | None) -> int:
     distributed.initialize(args)
 
     # Imported here so that --help and config errors answer without loading JAX programs.
-    from jaxdqn.program import checkpoint, loop
+    from jaxdqn.program.checkpoints import checkpoint
+    from jaxdqn.program.run import loop
 
     if args.resume is not None:
         run_dir = Path(args.resume)

@@ -8,7 +8,7 @@ is trained from scratch by the population program of ``python -m jaxdqn.train`` 
 ``RUN_DIR/fold_<k>/`` (a normal run directory); the folds' out-of-sample test walks, and the
 baselines' walks through the same folds, are stitched into one series. Writes
 ``RUN_DIR/walkforward.json``, ``walkforward.md`` (with its plots) and ``stitched_test.csv``
-(:mod:`jaxdqn.program.walkforward_results` has the schema).
+(:mod:`jaxdqn.program.walkforward.stitched` has the schema).
 
 On a panel the folds are planned on the panel's calendar and cut every instrument at the same
 dates (``data.split = dates`` in each fold's config); an instrument too short for a fold is
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.program import cli, runtime
+from jaxdqn.program.launch import cli, runtime
 
 
 def _num(x) -> str:
@@ -99,7 +99,9 @@ def _main(argv: Sequence[str] | None) -> int:
     runtime.configure_from_args(args)
 
     # Imported here so that --help and config errors answer without loading JAX programs.
-    from jaxdqn.program import checkpoint, loop, walkforward
+    from jaxdqn.program.checkpoints import checkpoint
+    from jaxdqn.program.run import loop
+    from jaxdqn.program.walkforward import driver as walkforward
 
     print(f"walk-forward directory: {run_dir}", flush=True)
     try:

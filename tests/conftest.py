@@ -1,7 +1,7 @@
 """Test-session setup: one folder per test session, shared by every process of the session —
 pytest, each pytest-xdist worker and every program a test starts — holding
 
-- ``xla/``: JAX's persistent compilation cache (``jaxdqn.program.runtime``), never the user's
+- ``xla/``: JAX's persistent compilation cache (``jaxdqn.program.launch.runtime``), never the user's
   ``~/.cache``. A program compiled once in the session (a Trainer in a worker, or ``python -m
   jaxdqn.train`` in a subprocess) is loaded from it by every later process that builds the same
   program, whichever worker runs it. On the CPU a loaded executable is the compiled one:
@@ -44,7 +44,7 @@ TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_em
 
 
 def pytest_configure(config):
-    from jaxdqn.program import runtime
+    from jaxdqn.program.launch import runtime
 
     old = {k: os.environ.get(k) for k in _REPLACED}
     inherited = os.environ.get(SESSION_ENV)

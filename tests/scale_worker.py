@@ -31,7 +31,7 @@ from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.nstep import Transition
 from jaxdqn.agent.replay import make_prioritised_replay
 from jaxdqn.market import market as market_setup
-from jaxdqn.program import runtime
+from jaxdqn.program.launch import runtime
 from jaxdqn.shards import Shards
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"

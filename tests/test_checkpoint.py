@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from flax import struct
 
-from jaxdqn.program.checkpoint import Checkpointer, CheckpointError, score
+from jaxdqn.program.checkpoints.checkpoint import Checkpointer, CheckpointError, score
 
 REPO = Path(__file__).resolve().parent.parent
 # pytest resets warning filters per test; orbax's unawaited metadata read after a failed restore
-# is the harmless echo that jaxdqn.program.checkpoint silences in a program.
+# is the harmless echo that jaxdqn.program.checkpoints.checkpoint silences in a program.
 pytestmark = pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 
 
@@ -175,11 +175,13 @@ def test_o6_checkpoint_corrupt_latest_falls_back(tmp_path, caplog, corrupt):
     fill(tmp_path, [1.0, 2.0, 3.0], keep_latest=3, keep_best=1).close()
     corrupt(tmp_path / "2")
     ckpt = Checkpointer(tmp_path, keep_latest=3, keep_best=1)
-    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoints.checkpoint"):
         state, host, step = ckpt.restore("latest", make_state(0))
     assert step == 1 and host["epoch"] == 1
     assert_bit_exact(state, make_state(1))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoint"]
+    warnings = [
+        r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoints.checkpoint"
+    ]
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert "step 2" in warnings[0] and "unreadable" in warnings[0]
     # The corrupt step is moved aside, so the run can write step 2 again.
@@ -192,12 +194,14 @@ def test_o6_checkpoint_corrupt_best_falls_back_to_next_best(tmp_path, caplog):
     fill(tmp_path, [2.0, 9.0, 5.0, 1.0], keep_latest=1, keep_best=3).close()
     corrupt_truncate(tmp_path / "1")
     ckpt = Checkpointer(tmp_path, keep_latest=1, keep_best=3)
-    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoints.checkpoint"):
         _, host, step = ckpt.restore("best", make_state(0))
     assert step == 2 and host["best"] == 5.0
     assert ckpt.best_step() == 2
     assert any(
-        "step 1" in r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoint"
+        "step 1" in r.getMessage()
+        for r in caplog.records
+        if r.name == "jaxdqn.program.checkpoints.checkpoint"
     )
 
 
@@ -207,12 +211,14 @@ def test_o6_checkpoint_all_corrupt_raises(tmp_path, caplog):
     corrupt_garble_host(tmp_path / "1")
     ckpt = Checkpointer(tmp_path, keep_latest=2, keep_best=1)
     with (
-        caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoint"),
+        caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoints.checkpoint"),
         pytest.raises(CheckpointError, match=r"no restorable checkpoint .*tried steps 1, 0") as e,
     ):
         ckpt.restore("latest", make_state(0))
     assert "\n" not in str(e.value)
-    assert len([r for r in caplog.records if r.name == "jaxdqn.program.checkpoint"]) == 2
+    assert (
+        len([r for r in caplog.records if r.name == "jaxdqn.program.checkpoints.checkpoint"]) == 2
+    )
     with pytest.raises(CheckpointError, match="no checkpoints"):
         ckpt.restore("best", make_state(0))
 
@@ -220,10 +226,12 @@ def test_o6_checkpoint_all_corrupt_raises(tmp_path, caplog):
 def test_o6_checkpoint_garbled_metrics_file_is_moved_aside_on_open(tmp_path, caplog):
     fill(tmp_path, [1.0, 2.0], keep_latest=2, keep_best=1).close()
     (tmp_path / "1" / "metrics" / "metrics").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="jaxdqn.program.checkpoints.checkpoint"):
         ckpt = Checkpointer(tmp_path, keep_latest=2, keep_best=1)
     assert ckpt.steps() == [0] and (tmp_path / "1.corrupt").is_dir()
-    ours = [r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoint"]
+    ours = [
+        r.getMessage() for r in caplog.records if r.name == "jaxdqn.program.checkpoints.checkpoint"
+    ]
     assert len(ours) == 1 and "step 1" in ours[0]
 
 
@@ -291,7 +299,7 @@ def test_o6_checkpoint_complete_when_killed_right_after_save(tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_checkpoint import make_state
-        from jaxdqn.program.checkpoint import Checkpointer
+        from jaxdqn.program.checkpoints.checkpoint import Checkpointer
         ckpt = Checkpointer({str(tmp_path)!r}, keep_latest=2, keep_best=1)
         ckpt.save(0, make_state(0), {{"epoch": 0}}, 1.0)
         ckpt.save(1, make_state(1), {{"epoch": 1}}, 0.5)

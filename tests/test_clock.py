@@ -13,7 +13,7 @@ from jaxdqn import config
 from jaxdqn.evaluation import baselines
 from jaxdqn.market import clock, market
 from jaxdqn.market.data import DataError
-from jaxdqn.program import run_statistics
+from jaxdqn.program.report import run_statistics
 
 WEEKS = 365.2425 / 7
 

@@ -11,7 +11,7 @@ from jaxdqn import config
 from jaxdqn.agent import iteration, optim
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.market import market as market_setup
-from jaxdqn.program.placement import place
+from jaxdqn.program.run.placement import place
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

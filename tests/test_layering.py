@@ -9,9 +9,17 @@ a higher layer or a sibling package of its own layer:
     3  jaxdqn.market | jaxdqn.model   (siblings: the model knows nothing of the market)
     4  jaxdqn.agent
     5  jaxdqn.evaluation
-    6  jaxdqn.program            the only layer that does I/O
+    6  jaxdqn.program            the only layer that does I/O, in rooms of its own, bottom to top:
+         6a  program.records | program.checkpoints | program.launch   (siblings)
+         6b  program.report
+         6c  program.run
+         6d  program.walkforward
+         6e  program.trained
     7  jaxdqn.train | evaluate | predict | export | baselines | ablate | walkforward  thin
        ``python -m`` entry points
+
+A module belongs to the longest package of LAYERS that holds it. The two package faces
+``jaxdqn`` and ``jaxdqn.program`` define nothing and import nothing.
 
 Every ``import`` statement counts, also those inside functions and under ``TYPE_CHECKING``.
 """
@@ -32,7 +40,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxdqn.market", "jaxdqn.model"),
     ("jaxdqn.agent",),
     ("jaxdqn.evaluation",),
-    ("jaxdqn.program",),
+    ("jaxdqn.program.records", "jaxdqn.program.checkpoints", "jaxdqn.program.launch"),
+    ("jaxdqn.program.report",),
+    ("jaxdqn.program.run",),
+    ("jaxdqn.program.walkforward",),
+    ("jaxdqn.program.trained",),
     (
         "jaxdqn.train",
         "jaxdqn.evaluate",
@@ -43,8 +55,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "jaxdqn.walkforward",
     ),
 )
+FACES = ("jaxdqn", "jaxdqn.program")
+PROGRAM_ROOMS = ("records", "checkpoints", "launch", "report", "run", "walkforward", "trained")
 MAX_LINES = 500
+MAX_PROGRAM_LINES = 400
 MAX_LOOP_LINES = 250
+LOOP = "jaxdqn.program.run.loop"
 SECTIONS = (
     "data",
     "features",
@@ -117,29 +133,62 @@ def _imports(module: str, path: Path) -> set[str]:
 GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 
 
-def _layer(module: str) -> tuple[int, str]:
-    """``(layer index, the package of that layer the module belongs to)``."""
-    for i, group in enumerate(LAYERS):
-        for pkg in group:
-            if module == pkg or module.startswith(pkg + "."):
-                return i, pkg
-    raise AssertionError(f"{module}: in no layer; add it to LAYERS in tests/test_layering.py")
+def _layer(module: str, layers=LAYERS) -> tuple[int, str]:
+    """``(layer index, the package of that layer the module belongs to)``: the longest package
+    of ``layers`` that is the module or holds it."""
+    found = [
+        (len(pkg), i, pkg)
+        for i, group in enumerate(layers)
+        for pkg in group
+        if module == pkg or module.startswith(pkg + ".")
+    ]
+    if not found:
+        raise AssertionError(f"{module}: in no layer; add it to LAYERS in tests/test_layering.py")
+    _, i, pkg = max(found)
+    return i, pkg
 
 
 def test_layering_every_module_has_a_layer():
     for m in MODULES:
-        if m != "jaxdqn":
+        if m not in FACES:
             _layer(m)
+
+
+def test_layering_the_longest_package_decides_the_layer():
+    layers = (("a",), ("a.b",), ("a.c", "a.d"))
+    assert _layer("a.b.x", layers) == (1, "a.b")
+    assert _layer("a.d", layers) == (2, "a.d")
+    assert _layer("a.x", layers) == (0, "a")
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_layering_package_faces_define_and_import_nothing(face):
+    tree = ast.parse(MODULES[face].read_text())
+    body = [n for n in tree.body if not isinstance(n, ast.Expr)]  # the docstring only
+    assert body == [], f"{face}: its __init__.py holds code; put it in a room"
+    assert GRAPH[face] == set()
+
+
+def test_layering_program_is_rooms_only():
+    program = ROOT / "jaxdqn" / "program"
+    loose = [p.name for p in program.glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], f"modules directly in jaxdqn/program/ (put each in a room): {loose}"
+    rooms = sorted(p.name for p in program.iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(PROGRAM_ROOMS)
+    for room in PROGRAM_ROOMS:
+        _layer(f"jaxdqn.program.{room}")
+        doc = ast.get_docstring(ast.parse((program / room / "__init__.py").read_text()))
+        assert doc, f"jaxdqn/program/{room}/__init__.py: say what the room is for"
 
 
 def test_layering_imports_point_down_only():
     bad = []
     for m, targets in GRAPH.items():
-        if m == "jaxdqn":
+        if m in FACES:
             continue
         layer, pkg = _layer(m)
         for t in sorted(targets):
-            if t == "jaxdqn":
+            if t in FACES:
                 bad.append(f"{m} -> {t} (import the module, not the bare package)")
                 continue
             t_layer, t_pkg = _layer(t)
@@ -196,7 +245,12 @@ def test_layering_cycle_detector_finds_a_cycle():
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_layering_file_sizes(module):
     lines = len(MODULES[module].read_text().splitlines())
-    limit = MAX_LOOP_LINES if module == "jaxdqn.program.loop" else MAX_LINES
+    if module == LOOP:
+        limit = MAX_LOOP_LINES
+    elif module.startswith("jaxdqn.program."):
+        limit = MAX_PROGRAM_LINES
+    else:
+        limit = MAX_LINES
     assert lines <= limit, f"{MODULES[module]}: {lines} lines > {limit}"
 
 

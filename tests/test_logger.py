@@ -1,5 +1,5 @@
-"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display (jaxdqn.program.logger,
-jaxdqn.program.tensorboard, jaxdqn.program.progress)."""
+"""E3 outputs: metrics.jsonl, TensorBoard events and the progress display
+(jaxdqn.program.records.logger, jaxdqn.program.records.tensorboard, jaxdqn.program.run.progress)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdqn.program import tensorboard
-from jaxdqn.program.logger import LogError, RunLogger, read_metrics
-from jaxdqn.program.progress import Progress
+from jaxdqn.program.records import tensorboard
+from jaxdqn.program.records.logger import LogError, RunLogger, read_metrics
+from jaxdqn.program.run.progress import Progress
 
 
 def _strict_lines(path: Path) -> list[dict]:

@@ -1,4 +1,4 @@
-"""E3 metric names: the registry (jaxdqn.program.metric_names) is exactly what a run logs.
+"""E3 metric names: the registry (jaxdqn.program.records.metric_names) is exactly what a run logs.
 
 The reference runs in ``bench/reference/`` (re-recorded 2026-12-01 with the code of issue 11's
 final defaults) log every registered name: the host ``kappa`` (A1's scheduled temperature
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jaxdqn.evaluation.metrics import performance
-from jaxdqn.program import metric_names
+from jaxdqn.program.records import metric_names
 
 REFERENCE = Path(__file__).resolve().parent.parent / "bench" / "reference"
 REMOVED = {"learning_rate"}

@@ -287,7 +287,7 @@ def test_e3_panel_walks_equal_single_instrument_walks(folder):
     from jaxdqn.evaluation import baselines, cost_stress, panel_walk
     from jaxdqn.evaluation import walk as walk_lib
     from jaxdqn.market import panel_market
-    from jaxdqn.program.walks import seed_policy_params
+    from jaxdqn.program.run.walks import seed_policy_params
 
     cfg = config.load(None, [*PANEL_CFG, *SMALL])
     pm = panel_market.prepare_panel(cfg, _load(folder))

@@ -199,12 +199,13 @@ def test_e3_baselines_cli_prints_a_panel_instrument_by_instrument(capsys):
 @pytest.mark.slow
 def test_e3_predict_on_a_panel_is_every_instruments_walk(panel_run, tmp_path, capsys):
     from jaxdqn import predict as predict_cli
-    from jaxdqn.program import predict_run
+    from jaxdqn.program.trained import load
+    from jaxdqn.program.trained import predict as predict_run
 
-    run = predict_run.load_run(panel_run)
+    run = load.load_run(panel_run)
     predictor = predict_run.make_run_predictor(run)
     log = pd.read_csv(panel_run / "eval_test.csv")
-    bars = predict_run.read_bars(run, None)
+    bars = load.read_bars(run, None)
     checked = set()
     index = {v.name: v.bars.index for v in run.views}
     decision_dates = {index[n][t] for n, t in log[["instrument", "t"]].itertuples(index=False)}
@@ -229,7 +230,7 @@ def test_e3_predict_on_a_panel_is_every_instruments_walk(panel_run, tmp_path, ca
     assert predict_cli.main([str(panel_run), "--data", str(folder), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["instrument"], r["seed"]) for r in rows] == [(n, s) for n in NAMES for s in (0, 1)]
-    ref = predict_run.predict(run, predict_run.read_bars(run, None), None, None, predictor)
+    ref = predict_run.predict(run, load.read_bars(run, None), None, None, predictor)
     assert [r["actions"] for r in rows] == [r["actions"] for r in ref]
     assert [r["target_position"] for r in rows] == [r["target_position"] for r in ref]
     run.views[0].bars.drop(columns=["oracle"]).rename_axis("date").to_csv(folder / "other.csv")

@@ -21,7 +21,9 @@ from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.market import folds, panel, splits
 from jaxdqn.market.data import DataError
-from jaxdqn.program import evaluate_run, walkforward, walkforward_panel
+from jaxdqn.program.trained import evaluate as evaluate_run
+from jaxdqn.program.walkforward import driver as walkforward
+from jaxdqn.program.walkforward import panel as walkforward_panel
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"

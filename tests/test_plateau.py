@@ -13,8 +13,8 @@ import pytest
 
 from jaxdqn.config import TrainConfig
 from jaxdqn.evaluation.metrics import sharpe_se
-from jaxdqn.program.plateau import PlateauState, after_rewind, observe
-from jaxdqn.program.run_state import RunState
+from jaxdqn.program.run.plateau import PlateauState, after_rewind, observe
+from jaxdqn.program.run.run_state import RunState
 
 # Binary-exact numbers throughout, so every velocity and Sharpe delta below is exact.
 # With a Sharpe standard error of 1 the Sharpe threshold is plateau_sharpe_eps itself.

@@ -25,7 +25,9 @@ from jaxdqn import predict as predict_cli
 from jaxdqn.evaluation import walk as walk_lib
 from jaxdqn.market import env
 from jaxdqn.market import market as market_lib
-from jaxdqn.program import export_policy, predict_run
+from jaxdqn.program.trained import export as export_policy
+from jaxdqn.program.trained import load
+from jaxdqn.program.trained import predict as predict_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BRANCH_COLUMNS = ["direction", "magnitude", "order", "urgency"]
@@ -39,7 +41,7 @@ def run_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def loaded(run_dir):
-    run = predict_run.load_run(run_dir)
+    run = load.load_run(run_dir)
     return run, predict_run.make_run_predictor(run)
 
 
@@ -95,7 +97,7 @@ def test_e1_order_of_is_the_order_the_step_executes():
 def test_e3_predict_at_every_test_date_reproduces_eval_test(run_dir, loaded):
     run, predictor = loaded
     log = pd.read_csv(run_dir / "eval_test.csv")
-    bars = predict_run.read_bars(run, None)
+    bars = load.read_bars(run, None)
     dates = pd.DatetimeIndex(run.views[0].bars.index)
     got = []
     for t in sorted(log.t.unique()):
@@ -135,7 +137,7 @@ def test_e3_predict_bars_after_at_change_nothing(run_dir, loaded, tmp_path):
     other = pd.concat([other, extra])
     path = tmp_path / "sp500_changed.csv"
     other.rename_axis("date").to_csv(path)
-    changed = predict_run.read_bars(run, str(path))
+    changed = load.read_bars(run, str(path))
     got = predict_run.predict(run, changed, predict_run.parse_at(str(at)), None, predictor)
     assert got == ref
     assert ref[0]["date"] == at.isoformat() and len(ref) == 2
@@ -172,7 +174,7 @@ def _refusal(capsys, argv) -> str:
 @pytest.mark.slow
 def test_e3_predict_refuses_bad_input_in_one_line(run_dir, tmp_path, capsys):
     run = str(run_dir)
-    bars = predict_run.load_run(run_dir).views[0].bars
+    bars = load.load_run(run_dir).views[0].bars
     close_only = tmp_path / "close_only.csv"
     bars[["close"]].rename_axis("date").to_csv(close_only)
     assert "close-only bars, but the run trained on open/high/low/close" in _refusal(

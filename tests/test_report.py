@@ -1,5 +1,5 @@
 """E3 outputs: summary.json, baseline equity files and report.md with its plots
-(jaxdqn.program.results, jaxdqn.program.plots, jaxdqn.program.report)."""
+(jaxdqn.program.records.results, jaxdqn.program.report.plots, jaxdqn.program.report.document)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,8 @@ from jaxdqn import config
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.evaluation.walk import LOG_COLUMNS, EvalResult
 from jaxdqn.market import env
-from jaxdqn.program import run_statistics
-from jaxdqn.program.logger import RunLogger
-from jaxdqn.program.plots import Markers, drawdown
-from jaxdqn.program.report import write_report
-from jaxdqn.program.results import (
+from jaxdqn.program.records.logger import RunLogger
+from jaxdqn.program.records.results import (
     read_baseline_equity,
     read_eval_log,
     read_summary,
@@ -27,6 +24,10 @@ from jaxdqn.program.results import (
     write_eval_log,
     write_summary,
 )
+from jaxdqn.program.report import run_statistics
+from jaxdqn.program.report.document import write_report
+from jaxdqn.program.report.plots import drawdown
+from jaxdqn.program.report.training_plots import Markers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N_EPOCHS = 6

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from jaxdqn.config import ALL_OFF
-from jaxdqn.program import runtime
+from jaxdqn.program.launch import runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -16,8 +16,8 @@ from jaxdqn.agent import iteration, optim
 from jaxdqn.agent.build import build_agent
 from jaxdqn.config import ActingConfig, OptimConfig
 from jaxdqn.market import market as market_lib
-from jaxdqn.program.placement import place
-from jaxdqn.program.schedule import EpochSchedule, apply_schedule, schedule
+from jaxdqn.program.run.placement import place
+from jaxdqn.program.run.schedule import EpochSchedule, apply_schedule, schedule
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
 OPT = OptimConfig(lr=1e-3, sgdr_period=4, sgdr_floor=0.2, restart_moment_scale=0.5)

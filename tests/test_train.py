@@ -19,8 +19,9 @@ from sigkill import kill_when_exists
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
-from jaxdqn.program import checkpoint, loop
-from jaxdqn.program import logger as logger_lib
+from jaxdqn.program.checkpoints import checkpoint
+from jaxdqn.program.records import logger as logger_lib
+from jaxdqn.program.run import loop
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"

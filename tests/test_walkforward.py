@@ -22,7 +22,7 @@ from jaxdqn.evaluation import metrics
 from jaxdqn.market import data, folds
 from jaxdqn.market import features as features_lib
 from jaxdqn.market import market as market_lib
-from jaxdqn.program import walkforward
+from jaxdqn.program.walkforward import driver as walkforward
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -398,7 +398,7 @@ def test_e3_walkforward_resume_after_sigkill_continues_at_the_interrupted_fold(w
 
 
 def test_e3_walkforward_fold_killed_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch):
-    from jaxdqn.program import loop
+    from jaxdqn.program.run import loop
 
     cfg = C.load(SMOKE, [*FOLDS, *C.ALL_OFF])
     plan = walkforward.make_plan(cfg)

@@ -42,11 +42,11 @@ def _wrap(owner, attr, kind):
 
 
 _PATCHES = {
-    "jaxdqn.program.checkpoint": [
+    "jaxdqn.program.checkpoints.checkpoint": [
         ("Checkpointer", "save", "orbax_save"),
         ("Checkpointer", "restore", "orbax_restore"),
     ],
-    "jaxdqn.program.report": [(None, "write_report", "report")],
+    "jaxdqn.program.report.document": [(None, "write_report", "report")],
 }
 
 

@@ -10,7 +10,7 @@ limit trade-through margin is a fill rule, not a cost, and is kept), for k in
 (``impact_eta = 0``, the default) the half-spread and commission enter the step only as
 arithmetic, so :func:`stress_walk` traces them instead: the static parameters carry zero costs
 and the rates are arguments, so one compiled walk serves every multiple (and every cost
-configuration). The agent's walks (:func:`jaxdqn.program.walks.walk_seed`) go through it at 1×,
+configuration). The agent's walks (:func:`jaxdqn.program.run.walks.walk_seed`) go through it at 1×,
 so the cost stress of a finished run reuses the test walk's compilation. With impact on it walks
 each multiple with its own static parameters. At 1× either path gives the plain walk's log.
 """

@@ -1,0 +1,168 @@
+"""The end of a run (E3): the best checkpoint walked once on val and test, the baselines,
+the statistics, the cost stress, ``summary.json`` and ``report.md``.
+
+The best checkpoint is the one with the best mean validation Sharpe over the seeds
+(:class:`jaxdqn.program.checkpoints.checkpoint.Checkpointer`, ``"best"``). Each seed is walked on
+val and test with :func:`jaxdqn.program.run.walks.walk_seed`; the summary's ``val``/``test`` metrics
+are the means over seeds (NaN ignored) and, with several seeds, ``seeds`` lists each seed's.
+``statistics`` holds, per split, the population statistics of the seeds' walks against the baselines
+(:mod:`jaxdqn.program.report.run_statistics`: bootstrap intervals, PSR, DSR over every val Sharpe
+the selection saw, SPA; ``eval.bootstrap_reps`` replications); ``cost_stress`` the test walk of
+every seed at each of ``eval.cost_multiples`` × the configured costs (default 0×, 1×, 2×, 3×; 1× is
+the test walk itself); ``bar_clock`` the bars per year of every annualised number
+(:mod:`jaxdqn.market.clock`), whether it was inferred and how.
+
+On a panel every walk is every instrument's (:mod:`jaxdqn.program.run.walks`): ``eval_*.csv`` has an
+``instrument`` column, the baselines walk every instrument
+(:mod:`jaxdqn.evaluation.panel_baselines`), ``val``/``test`` and the baselines' table hold the
+``eval.select_on`` statistic over instruments, the ``statistics`` are those of the equal-weight
+portfolios (``portfolio_*.csv``, ``baselines_*.csv``), each baseline's equity on each
+instrument is in ``baselines_instruments_*.csv``, and ``instruments`` and ``panel`` are added
+(:mod:`jaxdqn.program.report.panel_results`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from jaxdqn.agent.build import Agent
+from jaxdqn.agent.state import TrainState
+from jaxdqn.branches import ACTION_NAMES
+from jaxdqn.config import Config
+from jaxdqn.evaluation import baselines, panel_baselines
+from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
+from jaxdqn.market.market import PanelPrepared, Prepared
+from jaxdqn.program.checkpoints import checkpoint
+from jaxdqn.program.records import results
+from jaxdqn.program.records.provenance import provenance
+from jaxdqn.program.report import document, panel_results, run_statistics
+from jaxdqn.program.run.placement import Placement
+from jaxdqn.program.run.run_state import RunState
+from jaxdqn.program.run.walks import stress_seed, walk_seed
+
+#: The branches close-only bars hold, and the choice each is held at (E1 ``hold_orders``).
+HELD = {
+    "order": ACTION_NAMES["order"][HELD_ORDER],
+    "urgency": ACTION_NAMES["urgency"][HELD_URGENCY],
+}
+
+__all__ = ["finish"]
+
+SPLITS = ("val", "test")
+
+
+def finish(
+    cfg: Config,
+    prepared: Prepared | PanelPrepared,
+    agent: Agent,
+    ckpt: checkpoint.Checkpointer,
+    template: TrainState,
+    run: RunState,
+    run_dir: Path,
+    start_wall: float,
+    *,
+    placed: Placement | None = None,
+) -> dict[str, Any] | None:
+    """Walk the best checkpoint of ``ckpt`` (restored into ``template``'s structure, ``[S,
+    ...]``) for every seed; write ``eval_{val,test}.csv``, ``baselines_{val,test}.csv``,
+    ``summary.json`` and the report in ``run_dir``; return the summary. ``run`` is the final
+    run state (epochs, rewinds, fault events) and ``start_wall`` the run's start time.
+    ``placed``: the run's devices; under ``jax.distributed`` only process 0 walks and writes
+    (the others return None)."""
+    best, best_host, best_step = ckpt.restore("best", template)
+    if placed is not None:  # under jax.distributed: every process restores, process 0 writes
+        best = placed.view(best)
+        if not placed.primary:
+            return None
+    num_seeds = cfg.train.num_seeds
+    logs: dict[str, list[pd.DataFrame]] = {split: [] for split in SPLITS}
+    walks: dict[str, list[Any]] = {split: [] for split in SPLITS}
+    per_seed = []
+    multiples = cfg.eval.cost_multiples
+    stressed = [k for k in multiples if k != 1.0]
+    stress_walks = []
+    for s in range(num_seeds):
+        seed_metrics = {}
+        for split in SPLITS:
+            res = walk_seed(agent, prepared, cfg.eval, best, split, s)
+            logs[split].append(res.log)
+            walks[split].append(res)
+            seed_metrics[split] = res.metrics
+            if split == "test":
+                extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
+                stress_walks.append([res if k == 1.0 else next(extra) for k in multiples])
+        per_seed.append({"seed": s, **seed_metrics})
+    for split, frames in logs.items():
+        results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
+
+    base_logs: dict[tuple[str, str], pd.DataFrame] = {}
+    stat_logs, panel = logs, {}
+    if prepared.is_panel:
+        base = panel_baselines.run_panel_baselines(cfg, prepared)
+        table = base.table
+        stat_logs, base_logs = panel_results.portfolio_logs(walks, base)
+        for split, frames in stat_logs.items():
+            results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
+        panel_results.write_instrument_baselines(run_dir, base, SPLITS)
+        panel = panel_results.panel_entries(cfg, prepared, walks, base, (stat_logs, base_logs))
+    else:
+        table = baselines.run_baselines(cfg, prepared, logs=base_logs)
+    base_summary = {
+        name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in SPLITS}
+        for name in table.index
+    }
+    if baselines.oracle_execution(table) is not None:
+        base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
+    # the equity plot draws the baselines, not each of the oracle's executions
+    drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
+    for split in SPLITS:
+        results.write_baseline_equity(
+            run_dir / f"baselines_{split}.csv",
+            stat_logs[split][0]["date"],
+            {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
+        )
+
+    trials = run_statistics.selection_trials(run_dir)
+    stats = {
+        split: run_statistics.split_statistics(
+            cfg, stat_logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year
+        )
+        for split in SPLITS
+    }
+
+    mean = lambda split: {
+        k: float(np.nanmean([m[split][k] for m in per_seed])) for k in per_seed[0][split]
+    }
+    summary = {
+        "best_epoch": RunState.from_json(best_host).epoch,
+        "best_step": best_step,
+        "bar_clock": prepared.bar_clock.to_json(),
+        "data": {
+            "close_only": prepared.close_only,
+            "volume": prepared.has_volume,
+            "held_branches": dict(HELD) if prepared.close_only else {},
+        },
+        "val": mean("val"),
+        "test": mean("test"),
+        "baselines": base_summary,
+        **panel,
+        "statistics": stats,
+        "cost_stress": run_statistics.cost_stress_table(
+            prepared.env_params, multiples, stress_walks
+        ),
+        "wall_time_s": time.time() - start_wall,
+        "epochs": run.epoch,
+        "rewinds": run.rewinds,
+        "fault_events": run.fault_events,
+        "provenance": provenance(cfg, run_dir),
+    }
+    if num_seeds > 1:
+        summary["seeds"] = per_seed
+    results.write_summary(run_dir, summary)
+    document.write_report(run_dir)
+    return summary
