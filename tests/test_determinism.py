@@ -13,9 +13,10 @@ import pytest
 
 from jaxdqn import config
 from jaxdqn.agent import iteration
-from jaxdqn.agent.build import build_agent, make_init, projection_backend
+from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.losses import pick
 from jaxdqn.agent.replay import make_prioritised_replay
+from jaxdqn.agent.resolve import projection_backend, projection_fallback
 from jaxdqn.config import ConfigError
 from jaxdqn.market import market as market_setup
 from pallas_kernels import c51_project, c51_project_dense, c51_project_reference
@@ -121,3 +122,7 @@ def test_l8_projection_backend_resolution(monkeypatch):
     assert projection_backend("dense", False) == "dense"
     with pytest.raises(ConfigError, match=r"with train\.deterministic use auto, dense or pallas"):
         projection_backend("reference", True)
+    # where the Pallas kernel cannot be built a pull falls back to the other pull, never to
+    # the scatter-add
+    assert projection_fallback("pallas") == projection_fallback("dense") == "dense"
+    assert projection_fallback("reference") == projection_fallback("auto") == "reference"

@@ -134,7 +134,7 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke, one_upda
     fused); the reference (what ``auto`` picks on the CPU) runs it on s' and on s. One update from
     the same state agrees to float rounding: the target distributions (L1, L2) and M11's
     regression target."""
-    from jaxdqn.agent.build import fused_kernels
+    from jaxdqn.agent.resolve import fused_kernels
 
     assert smoke["cfg"].kernels.fused == "auto" and not fused_kernels("auto")  # CPU tests
     assert fused_kernels("fused") and not fused_kernels("reference")

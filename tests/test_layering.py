@@ -60,6 +60,7 @@ PROGRAM_ROOMS = ("records", "checkpoints", "launch", "report", "run", "walkforwa
 MAX_LINES = 500
 MAX_PROGRAM_LINES = 400
 MAX_LOOP_LINES = 250
+MAX_AGENT_FUNCTION_LINES = 60
 LOOP = "jaxdqn.program.run.loop"
 SECTIONS = (
     "data",
@@ -254,9 +255,40 @@ def test_layering_file_sizes(module):
     assert lines <= limit, f"{MODULES[module]}: {lines} lines > {limit}"
 
 
+def _long_functions(path: Path, limit: int) -> list[str]:
+    """Functions (methods and nested functions included, each counted with its body) of more
+    than ``limit`` lines, from ``def`` to the last line."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > limit:
+                out.append(f"{path.name}:{node.lineno} {node.name}: {lines} lines")
+    return out
+
+
+def test_layering_agent_functions_are_short():
+    """The agent layer reads like its anchors (acme's ``sgd_step`` is ~25 lines): every function
+    a short composition of named steps."""
+    bad = []
+    for m, path in MODULES.items():
+        if m.startswith("jaxdqn.agent."):
+            bad += _long_functions(path, MAX_AGENT_FUNCTION_LINES)
+    assert not bad, f"functions over {MAX_AGENT_FUNCTION_LINES} lines:\n" + "\n".join(bad)
+
+
+def test_layering_long_function_detector_counts_nested_bodies(tmp_path):
+    src = tmp_path / "x.py"
+    body = "".join(f"        y{i} = {i}\n" for i in range(5))
+    src.write_text(f"def outer():\n    def inner():\n{body}        return 0\n    return inner\n")
+    assert _long_functions(src, 8) == ["x.py:1 outer: 9 lines"]
+    assert _long_functions(src, 6) == ["x.py:1 outer: 9 lines", "x.py:2 inner: 7 lines"]
+
+
 def _deep_config_reads(path: Path) -> list[str]:
     """``<...>cfg.<section>.<field>`` reads outside the body of a ``make_*``/``build_*``
-    factory (or at module level), i.e. inside code that may run under ``jax.jit``. Checked in
+    factory or ``resolve`` (or at module level), i.e. inside code that may run under
+    ``jax.jit``. Checked in
     the layers whose code is jitted: agent, model and the environment."""
     tree = ast.parse(path.read_text())
     found = []
@@ -273,7 +305,7 @@ def _deep_config_reads(path: Path) -> list[str]:
             is_cfg = (isinstance(base, ast.Name) and base.id == "cfg") or (
                 isinstance(base, ast.Attribute) and base.attr == "cfg"
             )
-            factory = func is None or func.startswith(("make_", "build_"))
+            factory = func is None or func.startswith(("make_", "build_", "resolve"))
             if is_cfg and not factory:
                 found.append(f"{path.name}:{node.lineno} in {func}: {ast.unparse(node)}")
         for child in ast.iter_child_nodes(node):

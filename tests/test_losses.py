@@ -272,11 +272,12 @@ def _loss_inputs(model):
 @pytest.mark.slow
 def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
-    loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, reward_unit=_UNIT)
+    lc = LossConfig(spread=True)
+    loss = L.make_loss(lc, _MODEL_CFG, model, max_gap=lc.spread_max_gap * _UNIT)
     assert loss.needs_target_q_s  # aux training with the denoiser regresses on Q_target(s)
     params, inputs = _loss_inputs(model)
     obs, actions, weights, target, _, v_min, dz, coef, liquid_mod = inputs[:9]
-    total, parts = jax.jit(loss.loss)(params, inputs)
+    total, parts = jax.jit(loss.loss)(params, inputs, loss.coefficients)
     out = model.apply(params, obs, v_min, dz)
     # L1: IS-weighted mean over the batch of the per-branch cross-entropies' sum
     ce = jax.vmap(L.c51_cross_entropy)(out.logits, actions, target.probs).sum(-1)
@@ -284,7 +285,6 @@ def test_l1_make_loss_total_is_the_sum_of_its_hand_computed_parts():
     np.testing.assert_allclose(parts.per_sample, ce, rtol=1e-5)
     # L3: branch scale = spread_weight × branch weight × liquid_mod / B; per sample the gate
     # clip(1 − gap/max_gap, 0, 1) of its E[Q], max_gap = spread_max_gap × reward unit
-    lc = LossConfig(spread=True)
     scale = lc.spread_weight * np.asarray(lc.spread_branch_scale) * np.asarray(liquid_mod) / _B
     q = np.asarray(out.q_mean)
     gate = np.clip(1.0 - (q.max(-1) - q.min(-1)) / (lc.spread_max_gap * _UNIT), 0.0, 1.0)
@@ -310,7 +310,7 @@ def test_l1_make_loss_with_every_extra_off_is_the_c51_loss():
     loss = L.make_loss(cfg, _MODEL_CFG, model)
     assert not loss.needs_target_q_s
     params, inputs = _loss_inputs(model)
-    total, parts = jax.jit(loss.loss)(params, inputs)
+    total, parts = jax.jit(loss.loss)(params, inputs, loss.coefficients)
     np.testing.assert_allclose(total, parts.c51)
     for name in ("spread", "entropy", "denoise", "coord", "select", "xlstm"):
         assert float(getattr(parts, name)) == 0.0, name
@@ -330,9 +330,11 @@ def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale(
     params, inputs = _loss_inputs(model)
     grads = []
     for c in (1.0, 8.0, 0.03125):
-        loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, reward_unit=_UNIT * c)
+        lc = LossConfig(spread=True)
+        loss = L.make_loss(lc, _MODEL_CFG, model, max_gap=lc.spread_max_gap * _UNIT * c)
         scaled = inputs._replace(v_min=jnp.float32(-1.0 * c), delta_z=jnp.float32(0.2 * c))
-        grads.append(jax.grad(lambda p, x=scaled, loss=loss: loss.loss(p, x)[1].spread)(params))
+        k = loss.coefficients
+        grads.append(jax.grad(lambda p, x=scaled, fn=loss.loss, k=k: fn(p, x, k)[1].spread)(params))
     g_main = [jax.tree.leaves(g["main"]) for g in grads]
     assert max(float(jnp.abs(x).max()) for x in g_main[0]) > 0  # the push is not gated off
     for other in g_main[1:]:
@@ -347,11 +349,40 @@ def test_l3_bound_zero_gradient_once_every_gap_reaches_max_gap():
     gaps = np.asarray(out.q_mean.max(-1) - out.q_mean.min(-1))
     assert gaps.min() > 1e-5
     for max_gap, zero in ((1e-6, True), (float(gaps.max()) * 2, False)):
-        loss = L.make_loss(LossConfig(spread=True, spread_max_gap=max_gap), _MODEL_CFG, model)
-        spread = lambda p, loss=loss: loss.loss(p, inputs)[1].spread
+        loss = L.make_loss(LossConfig(spread=True), _MODEL_CFG, model, max_gap=max_gap)
+        spread = lambda p, loss=loss: loss.loss(p, inputs, loss.coefficients)[1].spread
         value, grad = jax.value_and_grad(spread)(params)
         largest = max(float(jnp.abs(x).max()) for x in jax.tree.leaves(grad))
         if zero:
             assert float(value) == 0.0 and largest == 0.0
         else:
             assert largest > 0.0
+
+
+def test_l6_loss_coefficients_weigh_each_term_of_the_total():
+    """total = Σ_k coef_k · term_k: every term's weight is a named coefficient, the parts stay
+    unweighted, and the config's coefficients are 1 except L3's per-branch weights."""
+    model = make_model(_MODEL_CFG, _OBS_DIM, kan_backend="reference")
+    lc = LossConfig(spread=True)
+    loss = L.make_loss(lc, _MODEL_CFG, model, max_gap=lc.spread_max_gap * _UNIT)
+    k = loss.coefficients
+    assert (k.c51, k.entropy, k.denoise, k.coord, k.select, k.xlstm) == (1.0,) * 6
+    np.testing.assert_allclose(
+        k.spread, lc.spread_weight * np.asarray(lc.spread_branch_scale), rtol=1e-12
+    )
+    params, inputs = _loss_inputs(model)
+    fn = jax.jit(loss.loss)
+    total, parts = fn(params, inputs, k)
+    weights = {"c51": 0.5, "entropy": 3.0, "denoise": 2.0, "coord": 0.25, "select": 4.0}
+    total_w, parts_w = fn(params, inputs, k._replace(**weights))
+    np.testing.assert_allclose(parts_w.c51, parts.c51, rtol=1e-6)  # parts are unweighted
+    expect = (
+        sum(w * float(getattr(parts, name)) for name, w in weights.items())
+        + float(parts.spread)
+        + float(parts.xlstm)
+    )
+    np.testing.assert_allclose(total_w, expect, rtol=1e-5)
+    assert abs(float(total_w) - float(total)) > 1e-3  # the weights did change the total
+    # L3's per-branch weights enter the term itself: doubling them doubles it
+    _, parts_s = fn(params, inputs, k._replace(spread=tuple(2 * w for w in k.spread)))
+    np.testing.assert_allclose(parts_s.spread, 2 * parts.spread, rtol=1e-5)

@@ -657,3 +657,21 @@ def test_kernels_matmul_bf16_rounds_the_operands_of_every_model_product(
     assert products("f32") == (dots, 0, highest)
     with pytest.raises(ValueError, match=r"kernels\.matmul"):
         N.make_model(CFG, OBS_DIM, matmul="fp8")
+
+
+def test_m3_fused_offset_table_places_every_path_once_and_restores_the_branch_order():
+    """The fused branches' one offset table: 8 blocks of AH columns (the value paths in
+    FUSED_ORDER, then the gate paths), disjoint and covering [0, 8·AH); FROM_FUSED maps the
+    fused order back to BRANCH_KEYS (direction, magnitude, order, urgency)."""
+    from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
+
+    ah = 5
+    cols = fused_columns(ah)
+    assert list(cols) == [(p, k) for p in ("value", "gate") for k in FUSED_ORDER]
+    starts = sorted(c.start for c in cols.values())
+    assert starts == [i * ah for i in range(8)]
+    assert all(c.stop - c.start == ah for c in cols.values())
+    assert cols["gate", "branch_magnitude"] == slice(7 * ah, 8 * ah)
+    assert FUSED_ORDER[-1] == "branch_magnitude"  # M5 conditions it on the others' pass
+    assert FROM_FUSED == (0, 3, 1, 2)
+    assert tuple(FUSED_ORDER[i] for i in FROM_FUSED) == N.BRANCH_KEYS

@@ -445,7 +445,7 @@ def test_e2_synthetic_panel_from_the_config():
 
 
 def test_e2_panel_reward_units_pool_each_instruments_returns_never_across_two():
-    from jaxdqn.agent.build import reward_units
+    from jaxdqn.agent.resolve import reward_units
 
     a = np.array([100.0, 101.0, 99.0, 100.5])
     b = np.array([10.0, 10.2, 10.1])  # the jump from a's last to b's first is not a return

@@ -330,7 +330,9 @@ def test_l8_agent_replay_items_are_transitions_with_int_actions_and_selectivity(
     """The agent's replay stores n-step :class:`Transition` items: ``action`` int32 ``[4]`` (one
     choice per branch) and the M12 ``selectivity`` in its own float32 field."""
     obs_dim, k, e = 5, 3, 2
-    replay = make_replay(ReplayConfig(capacity=16, learning_starts=4, batch_size=4), obs_dim)
+    replay = make_replay(
+        ReplayConfig(capacity=16, learning_starts=4, batch_size=4), obs_dim, alpha=0.6
+    )
     state = replay.init()
     assert isinstance(state.storage, Transition)
     assert state.storage.action.shape == (16, 4) and state.storage.action.dtype == jnp.int32

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from jaxdqn import config
-from jaxdqn.agent.build import build_agent, reward_units
+from jaxdqn.agent.build import build_agent
+from jaxdqn.agent.resolve import reward_units
 from jaxdqn.config import ConfigError
 from jaxdqn.market import market as market_lib
 

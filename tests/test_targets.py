@@ -7,6 +7,9 @@ import pytest
 import scipy.stats
 
 from jaxdqn.agent import targets as T
+from jaxdqn.agent.resolve import Projection
+
+REFERENCE = Projection("reference", "reference")
 
 
 def test_l2_tau_floor():
@@ -28,8 +31,8 @@ def test_l2_target_samples_next_actions_at_the_given_floor():
     drawn = {}
     for floor in (1e-6, 1.0):
         tgt = T.target_distribution(
-            key, probs, q, r, disc, jnp.float32(-2.0), jnp.float32(1.0), backend="reference",
-            tau_floor=floor,
+            key, probs, q, r, disc, jnp.float32(-2.0), jnp.float32(1.0), projection=REFERENCE,
+            temperature_floor=floor,
         )  # fmt: skip
         np.testing.assert_array_equal(tgt.next_actions, T.sample_next_actions(key, q, floor))
         drawn[floor] = np.bincount(np.asarray(tgt.next_actions).ravel(), minlength=3) / 256
@@ -61,7 +64,7 @@ def test_l2_target_projects_reward_plus_discounted_atoms():
     reward = jnp.array([0.5, 1.0])
     discount = jnp.array([0.9, 0.0])
     tgt = T.target_distribution(
-        jax.random.PRNGKey(0), probs, q, reward, discount, v_min, dz, backend="reference"
+        jax.random.PRNGKey(0), probs, q, reward, discount, v_min, dz, projection=REFERENCE
     )
     # row 0: atom 0.5 → half on z=0, half on z=1; row 1 (terminal): atom 1.0 → all on z=1
     np.testing.assert_allclose(tgt.probs[0, 0], [0, 0, 0.5, 0.5, 0], atol=1e-6)
@@ -89,7 +92,7 @@ def test_l7_end_mass_is_the_mean_projected_mass_on_the_two_end_atoms():
     discount = jnp.array([0.9, 0.5, 0.0, 0.9])
     tgt = T.target_distribution(
         jax.random.PRNGKey(0), probs, q, reward, discount, jnp.float32(-2.0), jnp.float32(1.0),
-        backend="reference",
+        projection=REFERENCE,
     )  # fmt: skip
     np.testing.assert_allclose(tgt.probs[1, 0], [0, 0, 0.25, 0.25, 0.5], atol=1e-6)
     np.testing.assert_allclose(tgt.probs[2, 0], [1, 0, 0, 0, 0], atol=1e-6)
@@ -129,7 +132,7 @@ def test_l2_switched_off_takes_the_argmax_next_action():
     for k in range(3):
         tgt = T.target_distribution(
             jax.random.PRNGKey(k), probs, q, r, disc, jnp.float32(-2.0), jnp.float32(1.0),
-            backend="reference", sampled=False,
+            projection=REFERENCE, sampled=False,
         )  # fmt: skip
         np.testing.assert_array_equal(tgt.next_actions, np.argmax(np.asarray(q), axis=-1))
         q_sel = np.take_along_axis(np.asarray(q), np.asarray(tgt.next_actions)[..., None], -1)

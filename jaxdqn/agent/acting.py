@@ -15,6 +15,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from jaxdqn.agent.resolve import in_q_units
 from jaxdqn.branches import Action
 from jaxdqn.config import ActingConfig
 
@@ -38,8 +39,8 @@ def boltzmann_probs(q: chex.Array, kappa=1.0, floor=0.01) -> chex.Array:
     With τ = κ · spread the best action gets e^{1/κ} times the weight of the worst: exploration
     that is invariant to the scale of Q and sharpens as κ falls (κ = 1: e ≈ 2.72, κ = 0.25: 55).
     """
-    tau = boltzmann_temperature(q, kappa, floor)[..., None]
-    return jax.nn.softmax(q / tau, axis=-1)
+    temperature = boltzmann_temperature(q, kappa, floor)[..., None]
+    return jax.nn.softmax(q / temperature, axis=-1)
 
 
 def boltzmann_sample(key: chex.PRNGKey, q: chex.Array, kappa=1.0, floor=0.01) -> chex.Array:
@@ -54,8 +55,8 @@ def boltzmann_sample(key: chex.PRNGKey, q: chex.Array, kappa=1.0, floor=0.01) ->
       int32 ``[4]`` actions.
     """
     chex.assert_rank(q, 2)
-    tau = boltzmann_temperature(q, kappa, floor)[:, None]
-    return jax.random.categorical(key, q / tau, axis=-1).astype(jnp.int32)
+    temperature = boltzmann_temperature(q, kappa, floor)[:, None]
+    return jax.random.categorical(key, q / temperature, axis=-1).astype(jnp.int32)
 
 
 def greedy_actions(q: chex.Array) -> chex.Array:
@@ -118,7 +119,7 @@ def decide(
     iqn: bool = True,
     sizing: bool = True,
     greedy: bool = False,
-    tau_floor: float = 0.01,
+    temperature_floor: float = 0.01,
     unit: float = 1.0,
 ) -> Decision:
     """The acting pipeline: network → A2 blend → M8–M11 coordination → A1 → A3.
@@ -136,7 +137,7 @@ def decide(
       kappa: A1 temperature factor (float32 scalar).
       key: PRNG key, split once per environment (unused when greedy).
       iqn: A2 switch (off: act on E[Q]); sizing: A3 switch (off: scale 1).
-      tau_floor: A1 temperature floor in Q units; unit: the reward unit (A3).
+      temperature_floor: A1 temperature floor in Q units; unit: the reward unit (A3).
     """
     out = model.apply(params, obs, v_min, delta_z)
     values = out.q_mean
@@ -147,7 +148,7 @@ def decide(
         actions = greedy_actions(values)
     else:
         keys = jax.random.split(key, obs.shape[0])
-        sample = lambda k, q: boltzmann_sample(k, q, kappa, tau_floor)
+        sample = lambda k, q: boltzmann_sample(k, q, kappa, temperature_floor)
         actions = jax.vmap(sample)(keys, values)
     if sizing:
         scale = jax.vmap(lambda v, d: position_scale(v, d, unit))(out.q_var, actions[:, 0])
@@ -162,7 +163,7 @@ def make_eval_policy(
     policy: str = "greedy",
     iqn: bool = True,
     sizing: bool = True,
-    tau_floor: float = 0.01,
+    temperature_floor: float = 0.01,
     unit: float = 1.0,
 ):
     """The evaluation policy (``eval.policy``) for :func:`jaxdqn.evaluation.walk.walk` with
@@ -188,7 +189,7 @@ def make_eval_policy(
             iqn=iqn,
             sizing=sizing,
             greedy=greedy,
-            tau_floor=tau_floor,
+            temperature_floor=temperature_floor,
             unit=unit,
         )
         return d.action.choice[0], d.action.scale[0]
@@ -225,7 +226,7 @@ def make_acting(
     """Factory of the acting pipeline for ``cfg`` (A1 floor, A2 and A3 switches), ``model``,
     the evaluation policy's name and the reward unit (Q value of one bar's return std)."""
     iqn, sizing = cfg.iqn_blend, cfg.position_sizing
-    tau_floor = cfg.tau_floor * reward_unit
+    temperature_floor = in_q_units(cfg.tau_floor, reward_unit)
 
     def decide_fn(params, obs, v_min, delta_z, readiness, kappa, key) -> Decision:
         return decide(
@@ -239,7 +240,7 @@ def make_acting(
             key,
             iqn=iqn,
             sizing=sizing,
-            tau_floor=tau_floor,
+            temperature_floor=temperature_floor,
             unit=reward_unit,
         )
 
@@ -254,7 +255,7 @@ def make_acting(
             policy=eval_policy,
             iqn=iqn,
             sizing=sizing,
-            tau_floor=tau_floor,
+            temperature_floor=temperature_floor,
             unit=reward_unit,
         ),
     )

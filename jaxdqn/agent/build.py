@@ -1,6 +1,8 @@
 """The agent builder: ``build_agent(cfg, market) -> Agent``, the one place the pieces meet.
 
-Each factory closes over its own config section (``make_replay(cfg.replay, ...)``,
+What each setting means on this machine and market is decided once
+(:func:`jaxdqn.agent.resolve.resolve`); each factory then binds its own config section and
+those decisions to its module's functions (``make_replay(cfg.replay, ...)``,
 ``make_loss(cfg.loss, ...)``, ``make_dynamics(cfg.dynamics, ...)``), so the jitted functions
 take arrays and states only. :class:`Agent` is static (hashable by identity) and is closed over
 by the jitted iteration and initialiser.
@@ -9,24 +11,23 @@ by the jitted iteration and initialiser.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, replay
+from jaxdqn.agent.resolve import resolve
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_BRANCHES
-from jaxdqn.config import Config, ConfigError, ReplayConfig
+from jaxdqn.config import Config, ReplayConfig
 from jaxdqn.market import env as env_lib
 from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.model import network
 from jaxdqn.shards import ONE_DEVICE, Shards
 
-__all__ = ["SHARDED_FIELDS", "Agent", "build_agent", "make_device_config", "make_replay"]
+__all__ = ["SHARDED_FIELDS", "Agent", "build_agent", "make_init", "make_replay"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Agent:
       dynamics: the training-statistics functions (L7, EMAs, M13/M14 state).
       learner: one learner update (L1–L8).
       reward_scale: learning rewards = reward_scale × log equity return
-        (:func:`reward_units`).
+        (:func:`jaxdqn.agent.resolve.reward_units`).
       reward_unit: the Q value of one std of the train split's log return per bar (1 with
         ``reward_scale: auto``); every threshold in reward units is multiplied by it.
       selectivity: whether M12 scales insertion priorities.
@@ -76,8 +77,9 @@ class Agent:
     shards: Shards = ONE_DEVICE
 
 
-def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
-    """L8 replay of n-step transitions with observations of width ``obs_dim``."""
+def make_replay(cfg: ReplayConfig, obs_dim: int, *, alpha: float) -> replay.Replay:
+    """L8 replay of n-step transitions with observations of width ``obs_dim`` and priority
+    exponent ``alpha`` (:func:`jaxdqn.agent.resolve.replay_weighting`)."""
     item = nstep.Transition(
         obs=jax.ShapeDtypeStruct((obs_dim,), jnp.float32),
         action=jax.ShapeDtypeStruct((NUM_BRANCHES,), jnp.int32),
@@ -86,149 +88,48 @@ def make_replay(cfg: ReplayConfig, obs_dim: int) -> replay.Replay:
         next_obs=jax.ShapeDtypeStruct((obs_dim,), jnp.float32),
         selectivity=jax.ShapeDtypeStruct((), jnp.float32),
     )
-    alpha = cfg.priority_alpha if cfg.prioritised else 0.0
     return replay.make_prioritised_replay(cfg.capacity, item, alpha=alpha)
-
-
-def reward_units(
-    reward_scale: float | str, close: np.ndarray | Sequence[np.ndarray]
-) -> tuple[float, float]:
-    """``(reward_scale, reward_unit)`` for ``loss.reward_scale`` and the train split's closes
-    (one array, or a panel's one array per instrument).
-
-    σ = std(ddof=1) of the log returns per bar log(close[t+1]/close[t]) of the train split (a
-    panel's: every instrument's returns pooled, none across two instruments).
-    ``auto``: reward_scale = 1/σ, so Q is in units of one day's return std and the reward unit
-    is 1; a number c: reward_scale = c and the reward unit c·σ.
-
-    Raises:
-      ConfigError: σ is 0 or not finite (a constant price series).
-    """
-    closes = [close] if isinstance(close, np.ndarray) else list(close)
-    r = np.concatenate([np.diff(np.log(np.asarray(c, dtype=np.float64))) for c in closes])
-    sigma = float(np.std(r, ddof=1)) if r.size > 1 else float("nan")
-    if not (np.isfinite(sigma) and sigma > 0):
-        raise ConfigError(
-            "loss.reward_scale: the train split's log returns have no variance "
-            f"(std {sigma}); auto cannot scale them"
-        )
-    if reward_scale == "auto":
-        return 1.0 / sigma, 1.0
-    return float(reward_scale), float(reward_scale) * sigma
-
-
-def fused_kernels(setting: str) -> bool:
-    """``kernels.fused`` resolved: ``fused`` / ``reference``, or ``auto`` = fused unless JAX
-    runs on the CPU (``jax.default_backend()``)."""
-    if setting == "auto":
-        return jax.default_backend() != "cpu"
-    return setting == "fused"
-
-
-def make_device_config(cfg: Config, count: int) -> Config:
-    """``cfg`` with one device's share of an agent split over ``count`` devices: E/D
-    environments, C/D replay slots, B/D rows per update (``learning_starts`` stays global).
-
-    Raises:
-      ConfigError: a size that ``count`` does not divide.
-    """
-    if count == 1:
-        return cfg
-    sizes = {
-        "acting.num_envs": cfg.acting.num_envs,
-        "replay.batch_size": cfg.replay.batch_size,
-        "replay.capacity": cfg.replay.capacity,
-    }
-    bad = [f"{k}={v}" for k, v in sizes.items() if v % count]
-    if bad:
-        raise ConfigError(
-            f"train.mesh: one agent over {count} devices needs sizes divisible by {count}; "
-            f"got {', '.join(bad)}"
-        )
-    acting_cfg = dataclasses.replace(cfg.acting, num_envs=cfg.acting.num_envs // count)
-    replay_cfg = dataclasses.replace(
-        cfg.replay,
-        batch_size=cfg.replay.batch_size // count,
-        capacity=cfg.replay.capacity // count,
-        # (what one shard holds when the global threshold is reached; the agent compares the
-        # global size with the global threshold)
-        learning_starts=-(-cfg.replay.learning_starts // count),
-    )
-    return dataclasses.replace(cfg, acting=acting_cfg, replay=replay_cfg)
-
-
-def projection_backend(setting: str, deterministic: bool) -> str:
-    """``kernels.projection`` resolved: ``auto`` = ``pallas`` (the Triton pull kernel: one
-    writer per output; the jnp ``dense`` pull where it cannot be built) on accelerators under
-    ``train.deterministic``, else ``reference`` (the scatter-add, the fastest at the learner's
-    16,384 rows on the H200: 22 vs 44 µs, dense 85 µs; on the CPU it runs in a fixed order,
-    so it is deterministic there).
-
-    Raises:
-      ConfigError: ``reference`` asked for with ``train.deterministic`` on an accelerator.
-    """
-    accelerator = jax.default_backend() != "cpu"
-    if setting == "auto":
-        return "pallas" if deterministic and accelerator else "reference"
-    if setting == "reference" and deterministic and accelerator:
-        raise ConfigError(
-            "kernels.projection=reference: its scatter-adds land in a varying order on "
-            f"{jax.default_backend()} devices; with train.deterministic use auto, dense or pallas"
-        )
-    return setting
 
 
 def build_agent(
     cfg: Config, market: Prepared | PanelPrepared, shards: Shards = ONE_DEVICE
 ) -> Agent:
     """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split);
-    with ``shards`` over ``D`` devices, one device's pieces (:func:`make_device_config`)."""
-    learning_starts = cfg.replay.learning_starts
-    cfg = make_device_config(cfg, shards.count)
-    lo, hi = market.bar_range("train")
-    scale, unit = reward_units(cfg.loss.reward_scale, market.train_closes())
-    tau_floor = cfg.acting.tau_floor * unit
+    with ``shards`` over ``D`` devices, one device's pieces. What each setting means here is
+    decided once, by :func:`jaxdqn.agent.resolve.resolve`."""
+    r = resolve(cfg, market, shards)
+    cfg, unit = r.cfg, r.reward_unit
     obs_dim = env_lib.obs_dim(market.env_params, market.num_features)
-    fused = fused_kernels(cfg.kernels.fused)
     model = network.make_model(
         cfg.model,
         obs_dim,
         kan_backend=cfg.kernels.kan,
-        fused=fused,
+        fused=r.fused,
         shards=shards,
         matmul=cfg.kernels.matmul,
     )
-    buffer = make_replay(cfg.replay, obs_dim)
     oc = cfg.optim
-    optimizer = optim.make_optimizer(
-        network.param_labels,
-        lr=oc.lr,
-        clip_norm=oc.clip_norm,
-        aux_lr=oc.aux_lr,
-        xlstm_lr=oc.xlstm_lr,
-        flat=oc.flat,
-    )
-    dyn = dynamics.make_dynamics(
-        cfg.dynamics,
-        num_atoms=cfg.model.num_atoms,
-        gamma_n=cfg.loss.gamma**cfg.loss.n_step,
-        reward_unit=unit,
-        gap_cap=cfg.loss.spread_max_gap * unit,
-    )
-    projection = projection_backend(cfg.kernels.projection, cfg.train.deterministic)
-    update = learner.make_learner(
-        cfg.loss,
-        cfg.replay,
-        dataclasses.replace(cfg.kernels, projection=projection),
+    pieces = learner.Pieces(
         model=model,
-        loss=losses.make_loss(cfg.loss, cfg.model, model, reward_unit=unit, shards=shards),
-        replay=buffer,
-        optimizer=optimizer,
-        dynamics=dyn,
-        tau_floor=tau_floor,
-        fused=fused,
-        shards=shards,
+        loss=losses.make_loss(cfg.loss, cfg.model, model, max_gap=r.spread_max_gap, shards=shards),
+        replay=make_replay(cfg.replay, obs_dim, alpha=r.replay_alpha),
+        optimizer=optim.make_optimizer(
+            network.param_labels,
+            lr=oc.lr,
+            clip_norm=oc.clip_norm,
+            aux_lr=oc.aux_lr,
+            xlstm_lr=oc.xlstm_lr,
+            flat=oc.flat,
+        ),
+        dynamics=dynamics.make_dynamics(
+            cfg.dynamics,
+            num_atoms=cfg.model.num_atoms,
+            gamma_n=r.gamma_n,
+            reward_unit=unit,
+            gap_cap=r.spread_max_gap,
+        ),
     )
+    lo, hi = market.bar_range("train")
     return Agent(
         model=model,
         env_params=market.env_params,
@@ -236,15 +137,17 @@ def build_agent(
         hi=int(hi),
         obs_dim=obs_dim,
         acting=acting.make_acting(cfg.acting, model, eval_policy=cfg.eval.policy, reward_unit=unit),
-        replay=buffer,
+        replay=pieces.replay,
         nstep=nstep.make_nstep_accumulator(cfg.loss.n_step, cfg.loss.gamma),
-        optimizer=optimizer,
-        dynamics=dyn,
-        learner=update,
-        reward_scale=scale,
+        optimizer=pieces.optimizer,
+        dynamics=pieces.dynamics,
+        learner=learner.make_learner(
+            cfg.loss, cfg.replay, pieces=pieces, resolved=r, shards=shards
+        ),
+        reward_scale=r.reward_scale,
         reward_unit=unit,
         selectivity=cfg.model.selectivity,
-        learning_starts=learning_starts,
+        learning_starts=r.learning_starts,
         updates=cfg.optim.updates,
         shards=shards,
     )

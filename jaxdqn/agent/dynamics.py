@@ -1,7 +1,8 @@
 """Training statistics: the one owner of the state that drives the training dynamics.
 
 Everything the learner and the acting policy adapt to, and nothing else, lives in
-:class:`DynamicsState` and is written only by the functions of :func:`make_dynamics`:
+:class:`DynamicsState` and is written only by this module's functions (bound by
+:func:`make_dynamics`):
 
 ====================== =========================================== ===========================
 state                  meaning                                     written by
@@ -30,6 +31,7 @@ EMA started at 0 would make the early scale meaningless). Rates come from
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -38,13 +40,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxdqn.agent.liquid import LiquidInputs, LiquidState, make_liquid
+from jaxdqn.agent.liquid import Liquid, LiquidInputs, LiquidState, make_liquid
 from jaxdqn.agent.support import SupportState, init_support, support_grid, update_support
 from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import DynamicsConfig
 from jaxdqn.model.xlstm import XLSTMState, batch_statistics
 
-__all__ = ["BatchObservation", "Dynamics", "DynamicsState", "make_dynamics"]
+__all__ = [
+    "BatchObservation",
+    "Dynamics",
+    "DynamicsState",
+    "Rates",
+    "init",
+    "make_dynamics",
+    "next_eval_q_std",
+    "observe_batch",
+    "observe_rollout",
+    "set_host_inputs",
+]
 
 
 @struct.dataclass
@@ -112,6 +125,128 @@ class Dynamics:
     next_eval_q_std: Callable[[Sequence[float] | None, Any], list[float]]
 
 
+class Rates(NamedTuple):
+    """The numbers :func:`observe_batch` adapts with (from :class:`DynamicsConfig`, thresholds
+    already in Q units)."""
+
+    ema: float  # α of every batch-statistics EMA
+    adaptive: bool  # L7 on
+    gamma_n: float  # the bootstrap discount γⁿ
+    sigmas: float  # L7 half-width in TD stds
+    min_half: float  # L7 smallest half-width (Q units)
+    base_alpha: float  # L7 rates
+    max_alpha: float
+
+
+def init(
+    xlstm: XLSTMState,
+    iqn_readiness: float,
+    kappa: float = 1.0,
+    *,
+    half_width0: float,
+    liquid: Liquid,
+) -> DynamicsState:
+    """The statistics before any update: the support at ``±half_width0`` around 0, every EMA at
+    its start, M13's state ``xlstm`` and the host inputs given."""
+    f32 = lambda v: jnp.asarray(v, jnp.float32)
+    z4 = jnp.zeros((NUM_BRANCHES,), jnp.float32)
+    return DynamicsState(
+        support=init_support(0.0, half_width0),
+        reward_std_ema=f32(0.0),
+        utilisation_ema=f32(1.0),
+        q_mean=z4,
+        q_gap=z4,
+        q_std=z4,
+        last_stats=jnp.zeros((NUM_BRANCHES, 3), jnp.float32),
+        xlstm=xlstm,
+        liquid=liquid.init_state(),
+        eval_q_std_ema=f32(0.0),
+        iqn_readiness=f32(iqn_readiness),
+        kappa=f32(kappa),
+    )
+
+
+def observe_rollout(
+    state: DynamicsState, reward: chex.Array, valid: chex.Array, *, alpha: Any
+) -> DynamicsState:
+    """The reward-std EMA (rate ``alpha``) of the n-step rewards ``[M]`` written to replay
+    (``valid`` masks the slots that hold one; seeded by its first observation)."""
+    w = valid.astype(jnp.float32)
+    count = w.sum()
+    mean = jnp.sum(w * reward) / jnp.maximum(count, 1.0)
+    std = jnp.sqrt(jnp.sum(w * (reward - mean) ** 2) / jnp.maximum(count, 1.0))
+    old = state.reward_std_ema
+    new = jnp.where(old > 0, old + alpha * (std - old), std)
+    # Before n steps have been taken no slot holds a transition: nothing observed.
+    return state.replace(reward_std_ema=jnp.where(count > 1, new, old))
+
+
+def observe_batch(
+    state: DynamicsState, seen: BatchObservation, *, rates: Rates, liquid: Liquid
+) -> tuple[DynamicsState, dict[str, chex.Array]]:
+    """L7, the Q EMAs, M13 and M14 from what one learner update saw; and their metrics."""
+    stats = batch_statistics(seen.q_mean)  # [4, 3]: mean Q, Q-gap, Q-std per branch
+    support = state.support
+    if rates.adaptive:
+        support = update_support(
+            support,
+            seen.td.mean(),
+            seen.td.std(),
+            seen.reward.std(),
+            gamma_n=rates.gamma_n,
+            sigmas=rates.sigmas,
+            min_half=rates.min_half,
+            base_alpha=rates.base_alpha,
+            max_alpha=rates.max_alpha,
+        )
+    ema = lambda old, new: old + rates.ema * (new - old)
+    gap = stats[:, 1]
+    inputs = LiquidInputs(gap, state.eval_q_std_ema, jnp.linalg.norm(seen.context))
+    liquid_state, liquid_mod = liquid.step(state.liquid, inputs)
+    new = state.replace(
+        support=support,
+        utilisation_ema=ema(state.utilisation_ema, seen.utilisation),
+        q_mean=ema(state.q_mean, stats[:, 0]),
+        q_gap=ema(state.q_gap, gap),
+        q_std=ema(state.q_std, stats[:, 2]),
+        last_stats=stats,
+        xlstm=seen.xlstm,
+        liquid=liquid_state,
+    )
+    metrics = {
+        "q_mean": stats[:, 0],
+        "q_gap": gap,
+        "q_std": stats[:, 2],
+        "support_centre": support.centre,
+        "support_half_width": support.half_width,
+        "liquid_mod": liquid_mod,
+        "liquid_tau": liquid_state.tau,
+        "liquid_rk4": liquid_state.used_rk4.astype(jnp.float32),
+    }
+    return new, metrics
+
+
+def set_host_inputs(state: DynamicsState, **values: Any) -> DynamicsState:
+    """Write ``iqn_readiness`` / ``kappa`` / ``eval_q_std_ema`` as float32 arrays of the
+    existing shape, so the jitted iteration sees the same avals and never recompiles."""
+    unknown = set(values) - {"iqn_readiness", "kappa", "eval_q_std_ema"}
+    if unknown:
+        raise TypeError(f"set_host_inputs: not host inputs: {sorted(unknown)}")
+    updates = {}
+    for name, v in values.items():
+        old = getattr(state, name)
+        updates[name] = jnp.broadcast_to(jnp.asarray(v, jnp.float32), old.shape)
+    return state.replace(**updates)
+
+
+def next_eval_q_std(previous: Sequence[float] | None, spread: Any, *, alpha: float) -> list[float]:
+    """The host EMA (rate ``alpha``) of the validation Q spread, seeded by the first spread."""
+    # numpy scalars on purpose: the result is float32 arithmetic, as recorded runs expect.
+    spread = np.asarray(spread).reshape(-1)
+    prev = list(previous) if previous else list(spread)
+    return [float(p + alpha * (s - p)) for p, s in zip(prev, spread, strict=True)]
+
+
 def make_dynamics(
     cfg: DynamicsConfig,
     *,
@@ -120,124 +255,27 @@ def make_dynamics(
     reward_unit: float = 1.0,
     gap_cap: float = float("inf"),
 ) -> Dynamics:
-    """Factory of the training-statistics functions for ``cfg``, ``num_atoms`` atoms, the
-    bootstrap discount ``γⁿ``, the reward unit (Q value of one bar's return std: every
-    threshold in reward units is multiplied by it) and M14's target-gap cap in Q units (L3's
-    bound)."""
-    alpha = cfg.stats_alpha
-    adaptive = cfg.adaptive_support
-    base_alpha, max_alpha = cfg.support_alpha, cfg.support_max_alpha
-    half_width0 = cfg.support_half_width * reward_unit
-    sigmas, min_half = cfg.support_sigmas, cfg.support_min_half_width * reward_unit
-    eval_alpha = cfg.eval_q_std_alpha
+    """The training-statistics functions for ``cfg``, ``num_atoms`` atoms, the bootstrap
+    discount ``γⁿ``, the reward unit (Q value of one bar's return std: every threshold in reward
+    units is multiplied by it) and M14's target-gap cap in Q units (L3's bound), bound to the
+    module's functions."""
     liquid = make_liquid(cfg, reward_unit=reward_unit, gap_cap=gap_cap)
-
-    def init(xlstm: XLSTMState, iqn_readiness: float, kappa: float = 1.0) -> DynamicsState:
-        f32 = lambda v: jnp.asarray(v, jnp.float32)
-        z4 = jnp.zeros((NUM_BRANCHES,), jnp.float32)
-        return DynamicsState(
-            support=init_support(0.0, half_width0),
-            reward_std_ema=f32(0.0),
-            utilisation_ema=f32(1.0),
-            q_mean=z4,
-            q_gap=z4,
-            q_std=z4,
-            last_stats=jnp.zeros((NUM_BRANCHES, 3), jnp.float32),
-            xlstm=xlstm,
-            liquid=liquid.init_state(),
-            eval_q_std_ema=f32(0.0),
-            iqn_readiness=f32(iqn_readiness),
-            kappa=f32(kappa),
-        )
-
-    def grid(state: DynamicsState) -> tuple[chex.Array, chex.Array]:
-        return support_grid(state.support, num_atoms)
-
-    def observe_rollout(
-        state: DynamicsState, reward: chex.Array, valid: chex.Array
-    ) -> DynamicsState:
-        w = valid.astype(jnp.float32)
-        count = w.sum()
-        mean = jnp.sum(w * reward) / jnp.maximum(count, 1.0)
-        std = jnp.sqrt(jnp.sum(w * (reward - mean) ** 2) / jnp.maximum(count, 1.0))
-        old = state.reward_std_ema
-        seeded = old > 0
-        new = jnp.where(seeded, old + alpha * (std - old), std)
-        # Before n steps have been taken no slot holds a transition: nothing observed.
-        return state.replace(reward_std_ema=jnp.where(count > 1, new, old))
-
-    def observe_batch(
-        state: DynamicsState, seen: BatchObservation
-    ) -> tuple[DynamicsState, dict[str, chex.Array]]:
-        stats = batch_statistics(seen.q_mean)  # [4, 3]: mean Q, Q-gap, Q-std per branch
-        support = state.support
-        if adaptive:
-            support = update_support(
-                support,
-                seen.td.mean(),
-                seen.td.std(),
-                seen.reward.std(),
-                gamma_n=gamma_n,
-                sigmas=sigmas,
-                min_half=min_half,
-                base_alpha=base_alpha,
-                max_alpha=max_alpha,
-            )
-        ema = lambda old, new: old + alpha * (new - old)
-        liquid_state, liquid_mod = liquid.step(
-            state.liquid,
-            LiquidInputs(
-                q_gap=stats[:, 1],
-                eval_q_std_ema=state.eval_q_std_ema,
-                context_norm=jnp.linalg.norm(seen.context),
-            ),
-        )
-        new = state.replace(
-            support=support,
-            utilisation_ema=ema(state.utilisation_ema, seen.utilisation),
-            q_mean=ema(state.q_mean, stats[:, 0]),
-            q_gap=ema(state.q_gap, stats[:, 1]),
-            q_std=ema(state.q_std, stats[:, 2]),
-            last_stats=stats,
-            xlstm=seen.xlstm,
-            liquid=liquid_state,
-        )
-        metrics = {
-            "q_mean": stats[:, 0],
-            "q_gap": stats[:, 1],
-            "q_std": stats[:, 2],
-            "support_centre": support.centre,
-            "support_half_width": support.half_width,
-            "liquid_mod": liquid_mod,
-            "liquid_tau": liquid_state.tau,
-            "liquid_rk4": liquid_state.used_rk4.astype(jnp.float32),
-        }
-        return new, metrics
-
-    def set_host_inputs(state: DynamicsState, **values: Any) -> DynamicsState:
-        """Write ``iqn_readiness`` / ``eval_q_std_ema`` as float32 arrays of the existing
-        shape, so the jitted iteration sees the same avals and never recompiles."""
-        unknown = set(values) - {"iqn_readiness", "kappa", "eval_q_std_ema"}
-        if unknown:
-            raise TypeError(f"set_host_inputs: not host inputs: {sorted(unknown)}")
-        updates = {}
-        for name, v in values.items():
-            old = getattr(state, name)
-            updates[name] = jnp.broadcast_to(jnp.asarray(v, jnp.float32), old.shape)
-        return state.replace(**updates)
-
-    def next_eval_q_std(previous: Sequence[float] | None, spread: Any) -> list[float]:
-        # numpy scalars on purpose: the result is float32 arithmetic, as recorded runs expect.
-        spread = np.asarray(spread).reshape(-1)
-        prev = list(previous) if previous else list(spread)
-        return [float(p + eval_alpha * (s - p)) for p, s in zip(prev, spread, strict=True)]
-
+    rates = Rates(
+        ema=cfg.stats_alpha,
+        adaptive=cfg.adaptive_support,
+        gamma_n=gamma_n,
+        sigmas=cfg.support_sigmas,
+        min_half=cfg.support_min_half_width * reward_unit,
+        base_alpha=cfg.support_alpha,
+        max_alpha=cfg.support_max_alpha,
+    )
+    half_width0 = cfg.support_half_width * reward_unit
     return Dynamics(
         num_atoms=num_atoms,
-        init=init,
-        grid=grid,
-        observe_rollout=observe_rollout,
-        observe_batch=observe_batch,
+        init=functools.partial(init, half_width0=half_width0, liquid=liquid),
+        grid=lambda state: support_grid(state.support, num_atoms),
+        observe_rollout=functools.partial(observe_rollout, alpha=cfg.stats_alpha),
+        observe_batch=functools.partial(observe_batch, rates=rates, liquid=liquid),
         set_host_inputs=set_host_inputs,
-        next_eval_q_std=next_eval_q_std,
+        next_eval_q_std=functools.partial(next_eval_q_std, alpha=cfg.eval_q_std_alpha),
     )

@@ -9,8 +9,9 @@ Shapes: ``B`` batch, 4 branches, 3 actions, ``N`` atoms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -19,23 +20,31 @@ import optax
 
 from jaxdqn.agent import losses, targets
 from jaxdqn.agent.dynamics import BatchObservation, Dynamics
-from jaxdqn.agent.losses import Loss, LossInputs, LossParts
+from jaxdqn.agent.losses import Loss, LossCoefficients, LossInputs, LossParts
 from jaxdqn.agent.replay import Replay
 from jaxdqn.agent.state import TrainState
 from jaxdqn.agent.targets import Target
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES
-from jaxdqn.config import KernelsConfig, LossConfig, ReplayConfig
+from jaxdqn.config import LossConfig, ReplayConfig
 from jaxdqn.model.network import Model
 from jaxdqn.shards import ONE_DEVICE, Shards
 
 __all__ = [
     "Batch",
     "Learner",
+    "LearnerHypers",
+    "LearnerSpec",
+    "Pieces",
     "beta_schedule",
+    "learning_target",
     "make_learner",
+    "observation",
     "rank_normalised",
+    "sample",
+    "step",
     "step_metrics",
     "target_outputs",
+    "update",
     "update_target",
 ]
 
@@ -100,13 +109,14 @@ def update_target(
     *,
     hard: bool,
     period: int,
-    polyak_tau: float,
+    polyak_rate: Any,
 ) -> chex.ArrayTree:
     """L2's target network after update number ``updates``: the online parameters copied every
-    ``period`` updates (``hard``), else Polyak averaging θ⁻ ← τ θ + (1 − τ) θ⁻."""
+    ``period`` updates (``hard``), else Polyak averaging θ⁻ ← ρ θ + (1 − ρ) θ⁻ at rate
+    ``polyak_rate`` ρ (``loss.polyak_tau``)."""
     if hard:
         return optax.periodic_update(params, target_params, updates, period)
-    return optax.incremental_update(params, target_params, polyak_tau)
+    return optax.incremental_update(params, target_params, polyak_rate)
 
 
 def step_metrics(
@@ -146,160 +156,247 @@ def step_metrics(
     }
 
 
+class LearnerSpec(NamedTuple):
+    """What the update's program is made of (static: a change recompiles)."""
+
+    batch_size: int  # this device's rows B/D
+    importance_weights: (
+        bool  # L8 IS weights (off: 1; :func:`jaxdqn.agent.resolve.replay_weighting`)
+    )
+    rank_rewards: bool  # L5
+    hard_target: bool  # L2: periodic copy (else Polyak)
+    target_period: int  # updates between hard copies
+    sampled_target: bool  # L2 a′ sampled (else argmax)
+    projection: Any  # P1 backend (:class:`jaxdqn.agent.resolve.Projection`)
+    fused: bool  # one target-network pass over [s′; s]
+    shards: Shards  # the devices one agent's batch is split over
+
+
+class LearnerHypers(NamedTuple):
+    """The update's numbers that change no shape: arguments of :func:`step`, never closure
+    constants (Python floats, or float32 arrays when they change at run time)."""
+
+    beta0: Any  # L8 IS exponent at update 0
+    beta_anneal_updates: Any  # updates over which β reaches 1
+    polyak_rate: Any  # L2 Polyak rate (``loss.polyak_tau``)
+    temperature_floor: Any  # L2 Boltzmann temperature floor in Q units
+    entropy_base: Any  # L4 base coefficient
+    loss: LossCoefficients  # the total loss's weights
+
+
+class Pieces(NamedTuple):
+    """The agent's functions one update composes."""
+
+    model: Model
+    loss: Loss
+    replay: Replay
+    optimizer: optax.GradientTransformation
+    dynamics: Dynamics
+
+
+def sample(
+    state: TrainState,
+    key: chex.PRNGKey,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> Batch:
+    """L8 prioritised sample of this device's ``B/D`` rows (raw n-step rewards)."""
+    beta = beta_schedule(state.updates, hypers.beta0, hypers.beta_anneal_updates)
+    drawn = pieces.replay.sample(state.replay, key, spec.batch_size, beta, spec.shards)
+    items, weights = drawn.items, drawn.is_weights
+    if not spec.importance_weights:
+        weights = jnp.ones_like(weights)
+    return Batch(
+        obs=items.obs,
+        actions=items.action,
+        reward=items.reward,
+        discount=items.discount,
+        next_obs=items.next_obs,
+        weights=weights,
+        indices=drawn.indices,
+    )
+
+
+def learning_target(
+    state: TrainState,
+    batch: Batch,
+    key: chex.PRNGKey,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[Batch, LossInputs]:
+    """L5 → the target network (:func:`target_outputs`) → L2 + P1
+    (:func:`~jaxdqn.agent.targets.target_distribution`) → L4's ramped coefficient: the batch as
+    learned from and the loss's inputs."""
+    dyn = state.dynamics
+    v_min, delta_z = pieces.dynamics.grid(dyn)
+    if spec.rank_rewards:
+        batch = rank_normalised(batch, dyn.reward_std_ema, spec.shards)
+    next_probs, next_q, q_target_s = target_outputs(
+        pieces.model,
+        state.target_params,
+        batch,
+        v_min,
+        delta_z,
+        two_passes=pieces.loss.needs_target_q_s,
+        fused=spec.fused,
+    )
+    target = targets.target_distribution(
+        key,
+        next_probs,
+        next_q,
+        batch.reward,
+        batch.discount,
+        v_min,
+        delta_z,
+        projection=spec.projection,
+        temperature_floor=hypers.temperature_floor,
+        sampled=spec.sampled_target,
+        shards=spec.shards,
+    )
+    entropy_coef = losses.entropy_coefficient(jnp.float32(hypers.entropy_base), dyn.utilisation_ema)
+    inputs = LossInputs(
+        obs=batch.obs,
+        actions=batch.actions,
+        weights=batch.weights,
+        target=target,
+        q_target_s=q_target_s,
+        v_min=v_min,
+        delta_z=delta_z,
+        entropy_coef=entropy_coef,
+        liquid_mod=dyn.liquid.mod,
+        xlstm_state=dyn.xlstm,
+        last_stats=dyn.last_stats,
+    )
+    return batch, inputs
+
+
+def observation(parts: LossParts, batch: Batch, target: Target, shards: Shards) -> BatchObservation:
+    """What the dynamics observe of one update: the global batch's rows (every device observes
+    the same batch and keeps the same statistics)."""
+    return BatchObservation(
+        q_mean=shards.gather(parts.q_mean),
+        td=shards.gather(target.td),
+        reward=shards.gather(batch.reward),
+        utilisation=shards.mean(parts.utilisation),
+        xlstm=parts.xlstm_state,
+        context=parts.context,
+    )
+
+
+def step(
+    state: TrainState,
+    batch: Batch,
+    key: chex.PRNGKey,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[TrainState, dict[str, chex.Array]]:
+    """Everything after the sample: targets → loss and gradient → optax → priorities (L8) →
+    target network (L2) → statistics (L7, M13, M14). With the batch split over devices the
+    gradients and every batch statistic are global, so each device applies the same update."""
+    batch, inputs = learning_target(state, batch, key, pieces=pieces, spec=spec, hypers=hypers)
+    grads, parts = jax.grad(pieces.loss.loss, has_aux=True)(state.params, inputs, hypers.loss)
+    # Every loss term is a mean over this device's (equally many) rows: the mean of the
+    # devices' gradients is the global batch's gradient.
+    grads = spec.shards.mean(grads)
+    upd, opt_state = pieces.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, upd)
+    updates = state.updates + 1
+    replay_state = pieces.replay.set_priorities(state.replay, batch.indices, parts.per_sample)
+    target_params = update_target(
+        params,
+        state.target_params,
+        updates,
+        hard=spec.hard_target,
+        period=spec.target_period,
+        polyak_rate=hypers.polyak_rate,
+    )
+    seen = observation(parts, batch, inputs.target, spec.shards)
+    dyn, dyn_metrics = pieces.dynamics.observe_batch(state.dynamics, seen)
+    new_state = state.replace(
+        params=params,
+        target_params=target_params,
+        opt_state=opt_state,
+        replay=replay_state,
+        dynamics=dyn,
+        updates=updates,
+    )
+    metrics = step_metrics(
+        parts,
+        batch,
+        inputs.target,
+        grads,
+        seen.utilisation,
+        inputs.entropy_coef,
+        dyn_metrics,
+        spec.shards,
+    )
+    return new_state, metrics
+
+
+def update(
+    state: TrainState, *, pieces: Pieces, spec: LearnerSpec, hypers: LearnerHypers
+) -> tuple[TrainState, dict[str, chex.Array]]:
+    """One learner update: split the state's key, :func:`sample`, :func:`step`."""
+    key, k_sample, k_target = jax.random.split(state.key, 3)
+    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
+    batch = sample(state, spec.shards.fold(k_sample), **bound)
+    return step(state.replace(key=key), batch, k_target, **bound)
+
+
 @dataclasses.dataclass(frozen=True)
 class Learner:
     """``update(state) -> (state, metrics)`` (from :func:`make_learner`) = ``sample(state,
     key) -> Batch`` then ``step(state, batch, key) -> (state, metrics)``; both are exposed for
-    tests (e.g. one given batch on one device vs split over several) and benchmarks."""
+    tests (e.g. one given batch on one device vs split over several) and benchmarks.
+    ``hypers``: the numbers bound into them (:class:`LearnerHypers`)."""
 
     update: Callable[[TrainState], tuple[TrainState, dict[str, chex.Array]]]
     sample: Callable[[TrainState, chex.PRNGKey], Batch]
     step: Callable[[TrainState, Batch, chex.PRNGKey], tuple[TrainState, dict[str, chex.Array]]]
+    hypers: LearnerHypers
 
 
 def make_learner(
     loss_cfg: LossConfig,
     replay_cfg: ReplayConfig,
-    kernels_cfg: KernelsConfig,
     *,
-    model: Model,
-    loss: Loss,
-    replay: Replay,
-    optimizer: optax.GradientTransformation,
-    dynamics: Dynamics,
-    tau_floor: float = 1e-6,
-    fused: bool = False,
+    pieces: Pieces,
+    resolved: Any,
     shards: Shards = ONE_DEVICE,
 ) -> Learner:
-    """Factory of the learner update for the given config sections and agent pieces
-    (``tau_floor``: L2's temperature floor in Q units; ``fused``: one target-network pass over
-    [s'; s] where the loss needs both, ``kernels.fused`` resolved; ``shards``: the devices one
-    agent's batch is split over, ``replay_cfg.batch_size`` being this device's rows)."""
-    batch_size, prioritised = replay_cfg.batch_size, replay_cfg.prioritised
-    beta0, anneal = replay_cfg.priority_beta0, replay_cfg.beta_anneal_updates
-    rank_rewards = loss_cfg.rank_rewards
-    entropy_base = loss_cfg.entropy_base
-    hard_target, period, polyak_tau = (
-        loss_cfg.target_update == "hard",
-        loss_cfg.target_period,
-        loss_cfg.polyak_tau,
+    """The learner update for the config sections, the agent's ``pieces`` and what
+    :func:`jaxdqn.agent.resolve.resolve` decided (``resolved``: the P1 backend, the fused
+    target pass, the IS weighting, the temperature floor in Q units); ``shards``: the devices
+    one agent's batch is split over, ``replay_cfg.batch_size`` being this device's rows."""
+    spec = LearnerSpec(
+        batch_size=replay_cfg.batch_size,
+        importance_weights=resolved.importance_weights,
+        rank_rewards=loss_cfg.rank_rewards,
+        hard_target=loss_cfg.target_update == "hard",
+        target_period=loss_cfg.target_period,
+        sampled_target=loss_cfg.sampled_target,
+        projection=resolved.projection,
+        fused=resolved.fused,
+        shards=shards,
     )
-    projection = kernels_cfg.projection
-    sampled_target = loss_cfg.sampled_target
-
-    def sample(state: TrainState, key: chex.PRNGKey) -> Batch:
-        """L8 prioritised sample of this device's ``B/D`` rows (raw n-step rewards)."""
-        beta = beta_schedule(state.updates, beta0, anneal)
-        items, indices, weights = replay.sample(state.replay, key, batch_size, beta, shards)
-        if not prioritised:
-            weights = jnp.ones_like(weights)
-        return Batch(
-            obs=items.obs,
-            actions=items.action,
-            reward=items.reward,
-            discount=items.discount,
-            next_obs=items.next_obs,
-            weights=weights,
-            indices=indices,
-        )
-
-    def step(
-        state: TrainState, batch: Batch, k_target: chex.PRNGKey
-    ) -> tuple[TrainState, dict[str, chex.Array]]:
-        """Everything after the sample: L5 → targets → losses → optax → priorities → target
-        network → statistics. With the batch split over devices (``shards``) the gradients
-        and every batch statistic are global, so each device applies the same update."""
-        dyn = state.dynamics
-        v_min, delta_z = dynamics.grid(dyn)
-        if rank_rewards:
-            batch = rank_normalised(batch, dyn.reward_std_ema, shards)
-        next_probs, next_q, q_target_s = target_outputs(
-            model,
-            state.target_params,
-            batch,
-            v_min,
-            delta_z,
-            two_passes=loss.needs_target_q_s,
-            fused=fused,
-        )
-        target = targets.target_distribution(
-            k_target,
-            next_probs,
-            next_q,
-            batch.reward,
-            batch.discount,
-            v_min,
-            delta_z,
-            backend=projection,
-            tau_floor=tau_floor,
-            sampled=sampled_target,
-            shards=shards,
-        )
-        entropy_coef = losses.entropy_coefficient(jnp.float32(entropy_base), dyn.utilisation_ema)
-
-        inputs = LossInputs(
-            obs=batch.obs,
-            actions=batch.actions,
-            weights=batch.weights,
-            target=target,
-            q_target_s=q_target_s,
-            v_min=v_min,
-            delta_z=delta_z,
-            entropy_coef=entropy_coef,
-            liquid_mod=dyn.liquid.mod,
-            xlstm_state=dyn.xlstm,
-            last_stats=dyn.last_stats,
-        )
-        grads, parts = jax.grad(loss.loss, has_aux=True)(state.params, inputs)
-        # Every loss term is a mean over this device's (equally many) rows: the mean of the
-        # devices' gradients is the global batch's gradient.
-        grads = shards.mean(grads)
-        upd, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, upd)
-        updates = state.updates + 1
-
-        # L8: new priorities from the per-sample loss.
-        replay_state = replay.set_priorities(state.replay, batch.indices, parts.per_sample)
-
-        target_params = update_target(
-            params,
-            state.target_params,
-            updates,
-            hard=hard_target,
-            period=period,
-            polyak_tau=polyak_tau,
-        )
-
-        # L7, M13, M14 and the EMAs from what this batch showed.
-        # (global rows: every device observes the same batch and keeps the same statistics)
-        utilisation = shards.mean(parts.utilisation)
-        dyn, dyn_metrics = dynamics.observe_batch(
-            dyn,
-            BatchObservation(
-                q_mean=shards.gather(parts.q_mean),
-                td=shards.gather(target.td),
-                reward=shards.gather(batch.reward),
-                utilisation=utilisation,
-                xlstm=parts.xlstm_state,
-                context=parts.context,
-            ),
-        )
-        new_state = state.replace(
-            params=params,
-            target_params=target_params,
-            opt_state=opt_state,
-            replay=replay_state,
-            dynamics=dyn,
-            updates=updates,
-        )
-        metrics = step_metrics(
-            parts, batch, target, grads, utilisation, entropy_coef, dyn_metrics, shards
-        )
-        return new_state, metrics
-
-    def update(state: TrainState) -> tuple[TrainState, dict[str, chex.Array]]:
-        key, k_sample, k_target = jax.random.split(state.key, 3)
-        batch = sample(state, shards.fold(k_sample))
-        return step(state.replace(key=key), batch, k_target)
-
-    return Learner(update=update, sample=sample, step=step)
+    hypers = LearnerHypers(
+        beta0=replay_cfg.priority_beta0,
+        beta_anneal_updates=replay_cfg.beta_anneal_updates,
+        polyak_rate=loss_cfg.polyak_tau,
+        temperature_floor=resolved.temperature_floor,
+        entropy_base=loss_cfg.entropy_base,
+        loss=pieces.loss.coefficients,
+    )
+    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
+    return Learner(
+        update=functools.partial(update, **bound),
+        sample=functools.partial(sample, **bound),
+        step=functools.partial(step, **bound),
+        hypers=hypers,
+    )

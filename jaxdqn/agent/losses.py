@@ -8,6 +8,7 @@ Shapes: ``B`` batch, 4 branches, 3 actions, ``N`` atoms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -207,14 +208,161 @@ class LossInputs(NamedTuple):
     last_stats: chex.Array  # [4, 3] the previous batch's per-branch statistics (M13 input)
 
 
+class LossCoefficients(NamedTuple):
+    """The weights of the total loss, ``total = Σ_k coef_k · term_k`` (Python floats or float32
+    arrays; nothing in them changes a shape, so a population may carry its own).
+
+    Attributes:
+      c51: L1's weight.
+      spread: ``[4]`` L3's per-branch weights s_b = ``spread_weight × spread_branch_scale_b``
+        (applied inside the term, per branch, with M14's modulation and 1/B).
+      entropy: L4's weight (on −entropy_coef · mean entropy; the ramped coefficient is an input).
+      denoise, coord, select, xlstm: the L6 terms' weights (M9, M10/M11, M12, M13).
+    """
+
+    c51: Any = 1.0
+    spread: Any = (1.0, 1.0, 1.0, 1.0)
+    entropy: Any = 1.0
+    denoise: Any = 1.0
+    coord: Any = 1.0
+    select: Any = 1.0
+    xlstm: Any = 1.0
+
+
+class LossTerms(NamedTuple):
+    """Which terms the loss computes (static: a term switched off is not traced)."""
+
+    spread: bool  # L3
+    entropy: bool  # L4
+    aux: bool  # L6, each with its model component:
+    denoiser: bool  # M9
+    coordination: bool  # M10/M11
+    selectivity: bool  # M12
+    xlstm: bool  # M13
+
+
 @dataclasses.dataclass(frozen=True)
 class Loss:
-    """``loss(params, inputs: LossInputs) -> (total, LossParts)`` from :func:`make_loss`, for
-    ``jax.grad(..., has_aux=True)``; ``needs_target_q_s`` tells the learner whether to compute
-    the target network's Q at s (the denoiser's regression target)."""
+    """``loss(params, inputs: LossInputs, coefficients: LossCoefficients) -> (total,
+    LossParts)`` (:func:`batch_loss` bound by :func:`make_loss`), for ``jax.grad(...,
+    has_aux=True)``; ``coefficients`` the config's weights; ``needs_target_q_s`` tells the
+    learner whether to compute the target network's Q at s (the denoiser's regression target)."""
 
-    loss: Callable[[Any, LossInputs], tuple[chex.Array, LossParts]]
+    loss: Callable[[Any, LossInputs, LossCoefficients], tuple[chex.Array, LossParts]]
+    coefficients: LossCoefficients
     needs_target_q_s: bool
+
+
+def make_loss_coefficients(cfg: LossConfig) -> LossCoefficients:
+    """The config's weights: L3's per branch, every other term 1."""
+    return LossCoefficients(spread=tuple(w * cfg.spread_weight for w in cfg.spread_branch_scale))
+
+
+def spread_term(
+    out: Any, actions: chex.Array, weights: Any, liquid_mod: chex.Array, max_gap: Any
+) -> chex.Array:
+    """L3 over the batch: Σ_i of :func:`spread_surrogate` with per-branch scale ``weights`` ×
+    liquid_mod (M14, no gradient) / B and the gate of each sample's Q-gap at ``max_gap``."""
+    b = actions.shape[0]
+    branch_scale = jnp.asarray(weights, jnp.float32) * jax.lax.stop_gradient(liquid_mod) / b
+    gate = jax.vmap(spread_gate, in_axes=(0, None))(out.q_mean, max_gap)
+    surrogate = jax.vmap(spread_surrogate, in_axes=(0, 0, None, 0))
+    return jnp.sum(surrogate(out.logits, actions, branch_scale, gate))
+
+
+def auxiliary_terms(
+    params: Any,
+    inputs: LossInputs,
+    out: Any,
+    per_sample: chex.Array,
+    *,
+    model: Model,
+    terms: LossTerms,
+    shards: Shards,
+) -> tuple[tuple[chex.Array, ...], XLSTMState, chex.Array]:
+    """L6: ``(denoise, coord, select, xlstm)`` (0 when off), M13's new state and context.
+    ``per_sample`` and ``out.q_mean`` arrive without gradient."""
+    zero = jnp.zeros((), jnp.float32)
+    denoise = coord = select = xl = zero
+    new_xlstm, context = inputs.xlstm_state, inputs.xlstm_state.context
+    if not terms.aux:
+        return (denoise, coord, select, xl), new_xlstm, context
+    coordinated = model.coordinate(params, out.q_mean)
+    q_coord = coordinated.q + coordinated.mean  # back on the network's scale
+    if terms.denoiser:
+        denoise = jnp.mean(jnp.square(q_coord - inputs.q_target_s))
+    if terms.coordination:
+        coord = jnp.mean(huber(pick(q_coord, inputs.actions, axis=2) - inputs.target.td))
+    if terms.selectivity:
+        label = selectivity_target(per_sample, shards)
+        select = jnp.mean(binary_cross_entropy(out.selectivity, label))
+    if terms.xlstm:
+        q_batch = shards.mean(out.q_mean.mean())
+        xl, (new_xlstm, context) = model.xlstm.prediction_loss(
+            params["xlstm"], inputs.xlstm_state, inputs.last_stats, q_batch
+        )
+    return (denoise, coord, select, xl), new_xlstm, context
+
+
+def batch_loss(
+    params: Any,
+    inputs: LossInputs,
+    coefficients: LossCoefficients,
+    *,
+    model: Model,
+    terms: LossTerms,
+    max_gap: Any,
+    shards: Shards = ONE_DEVICE,
+) -> tuple[chex.Array, LossParts]:
+    """The total loss of one batch and its parts (the math: :func:`make_loss`)."""
+    k = coefficients
+    out = model.apply(params, inputs.obs, inputs.v_min, inputs.delta_z)
+    ce = jax.vmap(c51_cross_entropy)(out.logits, inputs.actions, inputs.target.probs)  # [B, 4]
+    per_sample = ce.sum(axis=-1)
+    c51 = jnp.mean(inputs.weights * per_sample)
+    spread = jnp.zeros((), jnp.float32)
+    if terms.spread:
+        spread = spread_term(out, inputs.actions, k.spread, inputs.liquid_mod, max_gap)
+    mean_entropy = jnp.mean(entropy(out.logits))
+    ent = -inputs.entropy_coef * mean_entropy if terms.entropy else jnp.zeros((), jnp.float32)
+    per_sample_sg = jax.lax.stop_gradient(per_sample)
+    q_sg = jax.lax.stop_gradient(out.q_mean)
+    aux, new_xlstm, context = auxiliary_terms(
+        params,
+        inputs,
+        out._replace(q_mean=q_sg),
+        per_sample_sg,
+        model=model,
+        terms=terms,
+        shards=shards,
+    )
+    denoise, coord, select, xl = aux
+    total = (
+        k.c51 * c51
+        + spread
+        + k.entropy * ent
+        + k.denoise * denoise
+        + k.coord * coord
+        + k.select * select
+        + k.xlstm * xl
+    )
+    parts = LossParts(
+        total=total,
+        c51=c51,
+        spread=spread,
+        entropy=ent,
+        denoise=denoise,
+        coord=coord,
+        select=select,
+        xlstm=xl,
+        per_sample=per_sample_sg,
+        q_mean=q_sg,
+        utilisation=atom_utilisation(jax.lax.stop_gradient(out.probs)),
+        mean_entropy=jax.lax.stop_gradient(mean_entropy),
+        xlstm_state=new_xlstm,
+        context=context,
+    )
+    return total, parts
 
 
 def make_loss(
@@ -222,10 +370,12 @@ def make_loss(
     model_cfg: ModelConfig,
     model: Model,
     *,
-    reward_unit: float = 1.0,
+    max_gap: float = float("inf"),
     shards: Shards = ONE_DEVICE,
 ) -> Loss:
-    """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches.
+    """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches
+    (:func:`batch_loss` bound; ``max_gap``: L3's bound in Q units, ``loss.spread_max_gap`` ×
+    the reward unit, resolved once by :func:`jaxdqn.agent.resolve.resolve`).
 
     The coordinator (M8–M11) and the xLSTM (M13) see stop-gradient copies of the online E[Q],
     so their terms (L6) do not reach the trunk or the branches; the selectivity head (M12)
@@ -234,8 +384,7 @@ def make_loss(
 
     - L1: IS-weighted C51 cross-entropy of the taken actions, summed over branches;
     - L3: bounded spread surrogate, per-branch scale ``spread_weight`` ×
-      ``spread_branch_scale`` × liquid_mod (M14) / B, gated off at a Q-gap of
-      ``spread_max_gap`` × ``reward_unit``;
+      ``spread_branch_scale`` × liquid_mod (M14) / B, gated off at a Q-gap of ``max_gap``;
     - L4: −entropy_coef × mean entropy of the online distributions;
     - L6: denoiser MSE against the target network's Q at s, Huber of the coordinated Q of the
       taken actions against the scalar TD target (M9/M10), selectivity BCE (M12), and the
@@ -246,77 +395,19 @@ def make_loss(
     batch-level quantities inside (M8's mean, the selectivity label's mean loss, M13's mean Q)
     are global.
     """
-    spread_on, entropy_on, aux_on = cfg.spread, cfg.entropy, cfg.aux_training
-    branch_weight = tuple(w * cfg.spread_weight for w in cfg.spread_branch_scale)
-    max_gap = cfg.spread_max_gap * reward_unit
-    denoiser, selectivity = model_cfg.denoiser, model_cfg.selectivity
     coordination = model_cfg.q_attention or model_cfg.graph
-    xlstm_on = model_cfg.xlstm
-
-    def loss(params: Any, inputs: LossInputs) -> tuple[chex.Array, LossParts]:
-        obs, actions, weights, target = inputs.obs, inputs.actions, inputs.weights, inputs.target
-        q_target_s, v_min, delta_z = inputs.q_target_s, inputs.v_min, inputs.delta_z
-        entropy_coef, liquid_mod = inputs.entropy_coef, inputs.liquid_mod
-        xlstm_state, last_stats = inputs.xlstm_state, inputs.last_stats
-        b = obs.shape[0]
-        out = model.apply(params, obs, v_min, delta_z)
-
-        ce = jax.vmap(c51_cross_entropy)(out.logits, actions, target.probs)  # [B, 4]
-        per_sample = ce.sum(axis=-1)
-        c51 = jnp.mean(weights * per_sample)
-
-        spread = jnp.zeros((), jnp.float32)
-        if spread_on:
-            branch_scale = (
-                jnp.asarray(branch_weight, jnp.float32) * jax.lax.stop_gradient(liquid_mod) / b
-            )
-            gate = jax.vmap(spread_gate, in_axes=(0, None))(out.q_mean, max_gap)
-            spread = jnp.sum(
-                jax.vmap(spread_surrogate, in_axes=(0, 0, None, 0))(
-                    out.logits, actions, branch_scale, gate
-                )
-            )
-
-        mean_entropy = jnp.mean(entropy(out.logits))
-        ent = -entropy_coef * mean_entropy if entropy_on else jnp.zeros((), jnp.float32)
-
-        zero = jnp.zeros((), jnp.float32)
-        denoise = coord = select = xl = zero
-        new_xlstm, context = xlstm_state, xlstm_state.context
-        per_sample_sg = jax.lax.stop_gradient(per_sample)
-        q_sg = jax.lax.stop_gradient(out.q_mean)
-        if aux_on:
-            coordinated = model.coordinate(params, q_sg)
-            q_coord = coordinated.q + coordinated.mean  # back on the network's scale
-            if denoiser:
-                denoise = jnp.mean(jnp.square(q_coord - q_target_s))
-            if coordination:
-                taken = pick(q_coord, actions, axis=2)
-                coord = jnp.mean(huber(taken - target.td))
-            if selectivity:
-                label = selectivity_target(per_sample_sg, shards)
-                select = jnp.mean(binary_cross_entropy(out.selectivity, label))
-            if xlstm_on:
-                xl, (new_xlstm, context) = model.xlstm.prediction_loss(
-                    params["xlstm"], xlstm_state, last_stats, shards.mean(q_sg.mean())
-                )
-        total = c51 + spread + ent + denoise + coord + select + xl
-        parts = LossParts(
-            total=total,
-            c51=c51,
-            spread=spread,
-            entropy=ent,
-            denoise=denoise,
-            coord=coord,
-            select=select,
-            xlstm=xl,
-            per_sample=per_sample_sg,
-            q_mean=q_sg,
-            utilisation=atom_utilisation(jax.lax.stop_gradient(out.probs)),
-            mean_entropy=jax.lax.stop_gradient(mean_entropy),
-            xlstm_state=new_xlstm,
-            context=context,
-        )
-        return total, parts
-
-    return Loss(loss=loss, needs_target_q_s=aux_on and denoiser)
+    terms = LossTerms(
+        cfg.spread,
+        cfg.entropy,
+        cfg.aux_training,
+        model_cfg.denoiser,
+        coordination,
+        model_cfg.selectivity,
+        model_cfg.xlstm,
+    )
+    loss = functools.partial(batch_loss, model=model, terms=terms, max_gap=max_gap, shards=shards)
+    return Loss(
+        loss=loss,
+        coefficients=make_loss_coefficients(cfg),
+        needs_target_q_s=terms.aux and terms.denoiser,
+    )

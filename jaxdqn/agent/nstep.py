@@ -23,6 +23,7 @@ first step ever seen are flagged invalid (pass the flag to ``Replay.add(..., val
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -35,8 +36,10 @@ __all__ = [
     "NStepAccumulator",
     "NStepState",
     "Transition",
+    "init",
     "make_nstep_accumulator",
     "nstep_targets",
+    "update",
 ]
 
 PyTree = Any
@@ -144,70 +147,83 @@ class NStepAccumulator:
     update: Callable[..., tuple[NStepState, Transition, jax.Array]]
 
 
+def init(obs: PyTree, action: PyTree, *, n: int) -> NStepState:
+    """An empty carry of ``n - 1`` steps, shaped from one example step of every environment
+    (leaves ``[E, ...]``; only shapes and dtypes are used)."""
+    tail = n - 1
+    zeros = lambda x: jnp.zeros((tail, *jnp.shape(x)), jnp.asarray(x).dtype)
+    num_envs = jax.tree.leaves(obs)[0].shape[0]
+    return NStepState(
+        obs=jax.tree.map(zeros, obs),
+        action=jax.tree.map(zeros, action),
+        reward=jnp.zeros((tail, num_envs), jnp.float32),
+        selectivity=jnp.zeros((tail, num_envs), jnp.float32),
+        done=jnp.zeros((tail, num_envs), bool),
+        valid=jnp.zeros((tail,), bool),
+    )
+
+
+def update(
+    state: NStepState,
+    obs: PyTree,
+    action: PyTree,
+    reward: jax.Array,
+    done: jax.Array,
+    final_obs: PyTree,
+    selectivity: jax.Array | None = None,
+    *,
+    n: int,
+    gamma: Any,
+) -> tuple[NStepState, Transition, jax.Array]:
+    """``K`` rollout steps (leaves ``[K, E, ...]``) → ``K`` n-step transitions per environment
+    and their ``valid`` flags ``[K, E]``, and the carry of the last ``n - 1`` steps
+    (:class:`NStepAccumulator`'s ``update``)."""
+    steps = reward.shape[0]
+    if selectivity is None:
+        selectivity = jnp.ones_like(reward, jnp.float32)
+    cat = lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=0)
+    seq_obs = jax.tree.map(cat, state.obs, obs)  # [L, E, ...], L = K + n - 1
+    seq_action = jax.tree.map(cat, state.action, action)
+    seq_reward = cat(state.reward, reward)
+    seq_selectivity = cat(state.selectivity, selectivity)
+    seq_done = cat(state.done, done)
+    seq_valid = jnp.concatenate([state.valid, jnp.ones((steps,), bool)])
+    returns, discounts, offsets = nstep_targets(seq_reward, seq_done, gamma, n)
+    # o_{t + n'} from the L + 1 observations (the rollout's plus the one after it).
+    all_obs = jax.tree.map(lambda s, f: cat(s, f[None]), seq_obs, final_obs)
+    gather_at = jnp.arange(steps, dtype=jnp.int32)[:, None] + offsets  # [K, E]
+    bootstrap = lambda x: jnp.take_along_axis(
+        x, gather_at.reshape(gather_at.shape + (1,) * (x.ndim - 2)), axis=0
+    )
+    transition = Transition(
+        obs=jax.tree.map(lambda x: x[:steps], seq_obs),
+        action=jax.tree.map(lambda x: x[:steps], seq_action),
+        reward=returns,
+        discount=discounts,
+        next_obs=jax.tree.map(bootstrap, all_obs),
+        selectivity=seq_selectivity[:steps],
+    )
+    valid = jnp.broadcast_to(seq_valid[:steps, None], returns.shape)
+    keep = lambda x: x[steps:]
+    carry = NStepState(
+        obs=jax.tree.map(keep, seq_obs),
+        action=jax.tree.map(keep, seq_action),
+        reward=keep(seq_reward),
+        selectivity=keep(seq_selectivity),
+        done=keep(seq_done),
+        valid=keep(seq_valid),
+    )
+    return carry, transition, valid
+
+
 def make_nstep_accumulator(n: int, gamma: float) -> NStepAccumulator:
-    """Build an :class:`NStepAccumulator` for ``n``-step returns with discount ``gamma``."""
+    """Check ``n`` and bind ``n``-step returns with discount ``gamma`` to :func:`init` and
+    :func:`update`."""
     if n < 1:
         raise ValueError(f"n-step: n must be >= 1, got {n}")
-    tail = n - 1
-
-    def init(obs: PyTree, action: PyTree) -> NStepState:
-        zeros = lambda x: jnp.zeros((tail, *jnp.shape(x)), jnp.asarray(x).dtype)
-        num_envs = jax.tree.leaves(obs)[0].shape[0]
-        return NStepState(
-            obs=jax.tree.map(zeros, obs),
-            action=jax.tree.map(zeros, action),
-            reward=jnp.zeros((tail, num_envs), jnp.float32),
-            selectivity=jnp.zeros((tail, num_envs), jnp.float32),
-            done=jnp.zeros((tail, num_envs), bool),
-            valid=jnp.zeros((tail,), bool),
-        )
-
-    def update(
-        state: NStepState,
-        obs: PyTree,
-        action: PyTree,
-        reward: jax.Array,
-        done: jax.Array,
-        final_obs: PyTree,
-        selectivity: jax.Array | None = None,
-    ) -> tuple[NStepState, Transition, jax.Array]:
-        steps = reward.shape[0]
-        if selectivity is None:
-            selectivity = jnp.ones_like(reward, jnp.float32)
-        cat = lambda a, b: jnp.concatenate([a, b.astype(a.dtype)], axis=0)
-        seq_obs = jax.tree.map(cat, state.obs, obs)  # [L, E, ...], L = K + n - 1
-        seq_action = jax.tree.map(cat, state.action, action)
-        seq_reward = cat(state.reward, reward)
-        seq_selectivity = cat(state.selectivity, selectivity)
-        seq_done = cat(state.done, done)
-        seq_valid = jnp.concatenate([state.valid, jnp.ones((steps,), bool)])
-        returns, discounts, offsets = nstep_targets(seq_reward, seq_done, gamma, n)
-        # o_{t + n'} from the L + 1 observations (the rollout's plus the one after it).
-        all_obs = jax.tree.map(lambda s, f: cat(s, f[None]), seq_obs, final_obs)
-        gather_at = jnp.arange(steps, dtype=jnp.int32)[:, None] + offsets  # [K, E]
-
-        def bootstrap(x: jax.Array) -> jax.Array:
-            index = gather_at.reshape(gather_at.shape + (1,) * (x.ndim - 2))
-            return jnp.take_along_axis(x, index, axis=0)
-
-        transition = Transition(
-            obs=jax.tree.map(lambda x: x[:steps], seq_obs),
-            action=jax.tree.map(lambda x: x[:steps], seq_action),
-            reward=returns,
-            discount=discounts,
-            next_obs=jax.tree.map(bootstrap, all_obs),
-            selectivity=seq_selectivity[:steps],
-        )
-        valid = jnp.broadcast_to(seq_valid[:steps, None], returns.shape)
-        keep = lambda x: x[steps:]
-        new_state = NStepState(
-            obs=jax.tree.map(keep, seq_obs),
-            action=jax.tree.map(keep, seq_action),
-            reward=keep(seq_reward),
-            selectivity=keep(seq_selectivity),
-            done=keep(seq_done),
-            valid=keep(seq_valid),
-        )
-        return new_state, transition, valid
-
-    return NStepAccumulator(n=n, gamma=gamma, init=init, update=update)
+    return NStepAccumulator(
+        n=n,
+        gamma=gamma,
+        init=functools.partial(init, n=n),
+        update=functools.partial(update, n=n, gamma=gamma),
+    )

@@ -39,13 +39,16 @@ item keeps a positive probability. Duplicate indices in one ``set_priorities`` c
 deterministically: **the largest of the priorities given for that index wins** (scatter-set 0,
 then scatter-max — both order-independent, unlike a plain scatter with duplicates).
 
-Everything is a pure function of explicit state closed over static configuration, so it jits,
-and it vmaps over a leading seed axis (state and key batched, ``batch_size`` static).
+Every operation is a module-level pure function of explicit state and explicit arguments (α and
+the floor ``eps`` included; the static sizes are read from the state's shapes), so it jits and
+vmaps over a leading seed axis (state and key batched, ``batch_size`` static).
+:func:`make_prioritised_replay` checks a configuration and binds it: :class:`Replay`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -60,7 +63,12 @@ __all__ = [
     "Replay",
     "ReplayState",
     "Sample",
+    "add",
+    "add_scaled",
+    "init",
     "make_prioritised_replay",
+    "sample",
+    "set_priorities",
     "tree_levels",
     "tree_search",
 ]
@@ -104,26 +112,19 @@ class Sample(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
-    """Pure functions of a prioritised replay closed over its static configuration.
+    """A prioritised replay's configuration bound to the module's functions
+    (:func:`make_prioritised_replay`); every call is the module-level function of the same name.
 
     Attributes:
       capacity: number of slots.
       fanout: children per sum-tree node.
       alpha: priority exponent α.
       eps: floor of the raw priorities.
-      init: ``() -> ReplayState`` an empty buffer (zero storage, zero tree, max priority 1).
-      add: ``(state, items, priorities, valid=None) -> state``: write ``E`` items (leaves
-        ``[E, ...]``, ``E <= capacity``, static) at the ring position with raw priorities ``[E]``;
-        items with ``valid`` False are written but get probability 0.
-      add_scaled: ``(state, items, scale, valid=None) -> state``: ``add`` with priorities
-        ``max_priority(state) · scale`` (M12: ``scale`` is the selectivity prediction ``[E]``).
-      sample: ``(state, key, batch_size, beta, shards=Shards()) -> Sample`` (``batch_size`` a
-        Python int). Split over ``D`` devices (one agent data-parallel) each device holds its
-        own replay shard and draws ``batch_size`` rows from it, stratified by its own total;
-        item ``i`` of shard ``d`` is drawn with probability ``q_i / (D · total_d)`` and the IS
-        weights are normalised by the largest weight of the global batch (``shards.min``).
-      set_priorities: ``(state, indices [B], priorities [B]) -> state`` (duplicates: max wins;
-        indices at or beyond ``size`` are ignored).
+      init: ``() -> ReplayState`` (:func:`init`).
+      add: ``(state, items, priorities, valid=None) -> state`` (:func:`add` with α, eps).
+      add_scaled: ``(state, items, scale, valid=None) -> state`` (:func:`add_scaled`).
+      sample: ``(state, key, batch_size, beta, shards=ONE_DEVICE) -> Sample`` (:func:`sample`).
+      set_priorities: ``(state, indices, priorities) -> state`` (:func:`set_priorities`).
       max_priority: ``(state) -> float32 []``.
       total_priority: ``(state) -> float32 []`` the root, ``Σ p_i^α``.
     """
@@ -201,6 +202,130 @@ def tree_search(tree: tuple[jax.Array, ...], targets: jax.Array) -> jax.Array:
     return node
 
 
+def _leaf_value(priorities: jax.Array, alpha: Any, eps: float) -> jax.Array:
+    """``max(q, eps)^α`` of raw priorities ``q`` (α = 1 exactly: no power)."""
+    q = jnp.maximum(priorities.astype(jnp.float32), eps)
+    if isinstance(alpha, (int, float)) and alpha == 1.0:
+        return q
+    return jnp.power(q, jnp.asarray(alpha, jnp.float32))
+
+
+def _capacity(state: ReplayState) -> int:
+    return jax.tree.leaves(state.storage)[0].shape[0]
+
+
+def init(capacity: int, item_spec: PyTree, fanout: int) -> ReplayState:
+    """An empty buffer of ``capacity`` items shaped like ``item_spec`` (zero storage, zero tree
+    of fan-out ``fanout``, max priority 1)."""
+    levels = tree_levels(capacity, fanout)
+    storage = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), item_spec)
+    return ReplayState(
+        storage=storage,
+        tree=tuple(jnp.zeros((fanout**d,), jnp.float32) for d in range(levels + 1)),
+        position=jnp.zeros((), jnp.int32),
+        size=jnp.zeros((), jnp.int32),
+        max_priority=jnp.ones((), jnp.float32),
+    )
+
+
+def add(
+    state: ReplayState,
+    items: PyTree,
+    priorities: jax.Array,
+    valid: jax.Array | None = None,
+    *,
+    alpha: Any,
+    eps: float,
+) -> ReplayState:
+    """Write ``E`` items (leaves ``[E, ...]``, ``E <= capacity``, static) at the ring position
+    with raw priorities ``[E]``; items with ``valid`` False are written but get probability 0."""
+    capacity = _capacity(state)
+    if jax.tree.structure(items) != jax.tree.structure(state.storage):
+        raise ConfigError("replay add: items do not match the item_spec structure")
+    num = priorities.shape[0]
+    if num > capacity:
+        raise ConfigError(f"replay add: {num} items exceed the capacity {capacity}")
+    # Distinct slots (num <= capacity), so the scatters have no duplicates.
+    slots = (state.position + jnp.arange(num, dtype=jnp.int32)) % capacity
+    storage = jax.tree.map(
+        lambda buf, x: buf.at[slots].set(x.astype(buf.dtype), unique_indices=True),
+        state.storage,
+        items,
+    )
+    values = _leaf_value(priorities, alpha, eps)
+    written = jnp.maximum(priorities.astype(jnp.float32), eps)
+    if valid is not None:
+        values = jnp.where(valid, values, 0.0)
+        written = jnp.where(valid, written, 0.0)
+    leaves = state.tree[-1].at[slots].set(values, unique_indices=True)
+    return ReplayState(
+        storage=storage,
+        tree=_rebuild(leaves, len(state.tree) - 1, state.tree[1].shape[0]),
+        position=(state.position + num) % capacity,
+        size=jnp.minimum(state.size + num, capacity),
+        max_priority=jnp.maximum(state.max_priority, jnp.max(written)),
+    )
+
+
+def add_scaled(
+    state: ReplayState,
+    items: PyTree,
+    scale: jax.Array,
+    valid: jax.Array | None = None,
+    *,
+    alpha: Any,
+    eps: float,
+) -> ReplayState:
+    """:func:`add` with priorities ``max_priority(state) · scale`` (M12: ``scale`` is the
+    selectivity prediction ``[E]``)."""
+    return add(state, items, state.max_priority * scale, valid, alpha=alpha, eps=eps)
+
+
+def sample(
+    state: ReplayState, key: jax.Array, batch_size: int, beta: Any, shards: Shards = ONE_DEVICE
+) -> Sample:
+    """A stratified prioritised batch of ``batch_size`` rows (a Python int) with IS weights of
+    exponent ``beta``. Split over ``D`` devices (one agent data-parallel) each device holds its
+    own replay shard and draws ``batch_size`` rows from it, stratified by its own total; item
+    ``i`` of shard ``d`` is drawn with probability ``q_i / (D · total_d)`` and the IS weights are
+    normalised by the largest weight of the global batch (``shards.min``)."""
+    total = state.tree[0][0]
+    strata = jnp.arange(batch_size, dtype=jnp.float32)
+    targets = (strata + jax.random.uniform(key, (batch_size,))) * (total / batch_size)
+    indices = tree_search(state.tree, targets)
+    mass = state.tree[-1][indices]
+    # w_i / max_j w_j = (min_j P(j) / P(i))^β; zero only if the buffer is empty.
+    if shards.active:
+        # One shard of D: P(i) = mass_i / (D · total_d) (each device draws B/D rows from
+        # its own tree); the normalising max weight is over the global batch.
+        prob = mass / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
+        low = shards.min(jnp.min(jnp.where(mass > 0, prob, jnp.inf)))
+        ratio = low / jnp.where(mass > 0, prob, 1.0)
+    else:
+        ratio = jnp.min(jnp.where(mass > 0, mass, jnp.inf)) / jnp.where(mass > 0, mass, 1.0)
+    weights = jnp.where(mass > 0, jnp.power(ratio, jnp.asarray(beta, jnp.float32)), 0.0)
+    items = jax.tree.map(lambda buf: buf[indices], state.storage)
+    return Sample(items=items, indices=indices, is_weights=weights)
+
+
+def set_priorities(
+    state: ReplayState, indices: jax.Array, priorities: jax.Array, *, alpha: Any, eps: float
+) -> ReplayState:
+    """New raw priorities ``[B]`` for slots ``indices`` ``[B]`` (duplicates: the largest wins;
+    indices at or beyond ``size`` are ignored)."""
+    ok = indices < state.size
+    values = jnp.where(ok, _leaf_value(priorities, alpha, eps), 0.0)
+    # Out-of-range slots go to index num_leaves, which the scatters drop.
+    num_leaves = state.tree[-1].shape[0]
+    slots = jnp.where(ok, indices, num_leaves)
+    leaves = state.tree[-1].at[slots].set(0.0, mode="drop").at[slots].max(values, mode="drop")
+    written = jnp.where(ok, jnp.maximum(priorities.astype(jnp.float32), eps), 0.0)
+    return state.replace(
+        tree=_rebuild(leaves, len(state.tree) - 1, state.tree[1].shape[0]),
+        max_priority=jnp.maximum(state.max_priority, jnp.max(written)),
+    )
+
+
 def make_prioritised_replay(
     capacity: int,
     item_spec: PyTree,
@@ -209,7 +334,7 @@ def make_prioritised_replay(
     eps: float = 1e-6,
     fanout: int = 4,
 ) -> Replay:
-    """Build a prioritised replay of ``capacity`` items shaped like ``item_spec``.
+    """Check a prioritised replay's configuration and bind it to the module's functions.
 
     Args:
       capacity: number of slots (>= 2).
@@ -237,111 +362,18 @@ def make_prioritised_replay(
         raise ConfigError(f"replay eps must be > 0, got {eps}")
     if alpha < 0:
         raise ConfigError(f"replay alpha must be >= 0, got {alpha}")
-    levels = tree_levels(capacity, fanout)
-    num_leaves = fanout**levels
     spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(tuple(x.shape), x.dtype), item_spec)
-    spec_def = jax.tree.structure(spec)
-
-    def leaf_value(priorities: jax.Array) -> jax.Array:
-        q = jnp.maximum(priorities.astype(jnp.float32), eps)
-        return q if alpha == 1.0 else jnp.power(q, jnp.float32(alpha))
-
-    def init() -> ReplayState:
-        storage = jax.tree.map(lambda s: jnp.zeros((capacity, *s.shape), s.dtype), spec)
-        tree = tuple(jnp.zeros((fanout**d,), jnp.float32) for d in range(levels + 1))
-        return ReplayState(
-            storage=storage,
-            tree=tree,
-            position=jnp.zeros((), jnp.int32),
-            size=jnp.zeros((), jnp.int32),
-            max_priority=jnp.ones((), jnp.float32),
-        )
-
-    def add(
-        state: ReplayState,
-        items: PyTree,
-        priorities: jax.Array,
-        valid: jax.Array | None = None,
-    ) -> ReplayState:
-        if jax.tree.structure(items) != spec_def:
-            raise ConfigError("replay add: items do not match the item_spec structure")
-        num = priorities.shape[0]
-        if num > capacity:
-            raise ConfigError(f"replay add: {num} items exceed the capacity {capacity}")
-        # Distinct slots (num <= capacity), so the scatters have no duplicates.
-        slots = (state.position + jnp.arange(num, dtype=jnp.int32)) % capacity
-        storage = jax.tree.map(
-            lambda buf, x: buf.at[slots].set(x.astype(buf.dtype), unique_indices=True),
-            state.storage,
-            items,
-        )
-        values = leaf_value(priorities)
-        written = jnp.maximum(priorities.astype(jnp.float32), eps)
-        if valid is not None:
-            values = jnp.where(valid, values, 0.0)
-            written = jnp.where(valid, written, 0.0)
-        leaves = state.tree[-1].at[slots].set(values, unique_indices=True)
-        return ReplayState(
-            storage=storage,
-            tree=_rebuild(leaves, levels, fanout),
-            position=(state.position + num) % capacity,
-            size=jnp.minimum(state.size + num, capacity),
-            max_priority=jnp.maximum(state.max_priority, jnp.max(written)),
-        )
-
-    def add_scaled(
-        state: ReplayState,
-        items: PyTree,
-        scale: jax.Array,
-        valid: jax.Array | None = None,
-    ) -> ReplayState:
-        return add(state, items, state.max_priority * scale, valid)
-
-    def sample(
-        state: ReplayState, key: jax.Array, batch_size: int, beta: Any, shards: Shards = ONE_DEVICE
-    ) -> Sample:
-        total = state.tree[0][0]
-        strata = jnp.arange(batch_size, dtype=jnp.float32)
-        targets = (strata + jax.random.uniform(key, (batch_size,))) * (total / batch_size)
-        indices = tree_search(state.tree, targets)
-        mass = state.tree[-1][indices]
-        # w_i / max_j w_j = (min_j P(j) / P(i))^β; zero only if the buffer is empty.
-        if shards.active:
-            # One shard of D: P(i) = mass_i / (D · total_d) (each device draws B/D rows from
-            # its own tree); the normalising max weight is over the global batch.
-            prob = mass / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)
-            low = shards.min(jnp.min(jnp.where(mass > 0, prob, jnp.inf)))
-            ratio = low / jnp.where(mass > 0, prob, 1.0)
-        else:
-            ratio = jnp.min(jnp.where(mass > 0, mass, jnp.inf)) / jnp.where(mass > 0, mass, 1.0)
-        weights = jnp.where(mass > 0, jnp.power(ratio, jnp.asarray(beta, jnp.float32)), 0.0)
-        items = jax.tree.map(lambda buf: buf[indices], state.storage)
-        return Sample(items=items, indices=indices, is_weights=weights)
-
-    def set_priorities(
-        state: ReplayState, indices: jax.Array, priorities: jax.Array
-    ) -> ReplayState:
-        ok = indices < state.size
-        values = jnp.where(ok, leaf_value(priorities), 0.0)
-        # Out-of-range slots go to index num_leaves, which the scatters drop.
-        slots = jnp.where(ok, indices, num_leaves)
-        leaves = state.tree[-1].at[slots].set(0.0, mode="drop").at[slots].max(values, mode="drop")
-        written = jnp.where(ok, jnp.maximum(priorities.astype(jnp.float32), eps), 0.0)
-        return state.replace(
-            tree=_rebuild(leaves, levels, fanout),
-            max_priority=jnp.maximum(state.max_priority, jnp.max(written)),
-        )
-
+    bound = {"alpha": alpha, "eps": eps}
     return Replay(
         capacity=capacity,
         fanout=fanout,
         alpha=alpha,
         eps=eps,
-        init=init,
-        add=add,
-        add_scaled=add_scaled,
+        init=functools.partial(init, capacity, spec, fanout),
+        add=functools.partial(add, **bound),
+        add_scaled=functools.partial(add_scaled, **bound),
         sample=sample,
-        set_priorities=set_priorities,
+        set_priorities=functools.partial(set_priorities, **bound),
         max_priority=lambda state: state.max_priority,
         total_priority=lambda state: state.tree[0][0],
     )

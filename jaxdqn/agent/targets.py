@@ -12,9 +12,12 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
+from jaxdqn.agent.resolve import Projection
 from jaxdqn.shards import ONE_DEVICE, Shards
 
-TAU_REL_FLOOR = 0.01
+TEMPERATURE_REL_FLOOR = 0.01
+AUTO_PROJECTION = Projection("auto", "reference")
+"""P1 as ``kernels.projection: auto`` runs without ``train.deterministic``."""
 
 
 def next_action_temperature(q_next: chex.Array, floor=1e-6) -> chex.Array:
@@ -30,7 +33,7 @@ def next_action_temperature(q_next: chex.Array, floor=1e-6) -> chex.Array:
       ``[...]`` temperatures.
     """
     gap = q_next.max(axis=-1) - q_next.min(axis=-1)
-    rel = jnp.maximum(jnp.abs(q_next.mean(axis=-1)) * TAU_REL_FLOOR, floor)
+    rel = jnp.maximum(jnp.abs(q_next.mean(axis=-1)) * TEMPERATURE_REL_FLOOR, floor)
     return jnp.maximum(gap, rel)
 
 
@@ -48,8 +51,8 @@ def sample_next_actions(key: chex.PRNGKey, q_next: chex.Array, floor=1e-6) -> ch
       int32 ``[B, 4]``.
     """
     chex.assert_rank(q_next, 3)
-    tau = next_action_temperature(q_next, floor)[..., None]
-    return jax.random.categorical(key, q_next / tau, axis=-1).astype(jnp.int32)
+    temperature = next_action_temperature(q_next, floor)[..., None]
+    return jax.random.categorical(key, q_next / temperature, axis=-1).astype(jnp.int32)
 
 
 class Target(NamedTuple):
@@ -70,16 +73,16 @@ def target_distribution(
     v_min: chex.Array,
     delta_z: chex.Array,
     *,
-    backend: str = "auto",
-    tau_floor: float = 1e-6,
+    projection: Projection = AUTO_PROJECTION,
+    temperature_floor: float = 1e-6,
     sampled: bool = True,
     shards: Shards = ONE_DEVICE,
 ) -> Target:
     """L2 + projection: the categorical target r + γⁿ·Z(s', a') on the current support.
 
-    The source atoms ``r + γⁿ z_j`` are projected onto ``v_min + i·Δz`` by
-    ``pallas_kernels.c51_project`` (P1; atoms outside the support clip to its ends). For a
-    terminal transition ``discount = 0`` and all the mass lands at the projection of ``r``.
+    The source atoms ``r + γⁿ z_j`` are projected onto ``v_min + i·Δz`` by ``c51_project``
+    (P1; atoms outside the support clip to its ends). For a terminal transition
+    ``discount = 0`` and all the mass lands at the projection of ``r``.
 
     Args:
       key: fresh PRNG key.
@@ -88,7 +91,7 @@ def target_distribution(
       reward: ``[B]`` (n-step, possibly rank-normalised) returns.
       discount: ``[B]`` γⁿ, or 0 where the episode ended inside the n steps.
       v_min, delta_z: scalars of the current support.
-      backend: P1 implementation; tau_floor: L2 temperature floor in Q units.
+      projection: P1's backend and fallback; temperature_floor: L2's, in Q units.
       sampled: L2 on (sample a′); off: a′ = argmax E[Q′] (the plain DQN target).
       shards: the devices the batch is split over; a′ is drawn for the global batch (its
         ``[B·D, 4, 3]`` expectations gathered) and this device's rows kept, so the draws are
@@ -97,7 +100,7 @@ def target_distribution(
     chex.assert_rank([probs_next, q_next, reward, discount], [4, 3, 1, 1])
     b, nb, _, n = probs_next.shape
     if sampled:
-        a_next = shards.rows(sample_next_actions(key, shards.gather(q_next), tau_floor), b)
+        a_next = shards.rows(sample_next_actions(key, shards.gather(q_next), temperature_floor), b)
     else:
         a_next = jnp.argmax(q_next, axis=-1).astype(jnp.int32)
     p = jnp.take_along_axis(probs_next, a_next[:, :, None, None], axis=2)[:, :, 0]  # [B,4,N]
@@ -109,9 +112,8 @@ def target_distribution(
         atoms.reshape(b * nb, n),
         v_min,
         delta_z,
-        backend=backend,
-        # a pull backend falls back to the other pull (no scatter), never to the scatter
-        fallback="dense" if backend in ("pallas", "dense") else "reference",
+        backend=projection.backend,
+        fallback=projection.fallback,
     ).reshape(b, nb, n)
     q_sel = jnp.take_along_axis(q_next, a_next[:, :, None], axis=2)[:, :, 0]
     td = reward[:, None] + discount[:, None] * q_sel

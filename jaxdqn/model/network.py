@@ -57,6 +57,7 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
 from jaxdqn.model.dense import Dense, affine, matmul_precision
+from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from jaxdqn.shards import ONE_DEVICE, Shards
 from pallas_kernels import kan_gate, kan_gate_init
@@ -300,7 +301,7 @@ class Network(nn.Module):
         c = self.cfg
         b, sh2 = h_m.shape
         ah, n = c.ah, c.num_atoms
-        order = ("branch_direction", "branch_order", "branch_urgency", "branch_magnitude")
+        cols = fused_columns(ah)
         mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
         prm = {
             key: BranchParams(
@@ -308,9 +309,9 @@ class Network(nn.Module):
             )()
             for key in BRANCH_KEYS  # creation order of the per-branch modules
         }
-        kernels = [prm[k][path][0][:sh2] for path in ("value", "gate") for k in order]
-        biases = [prm[k][path][1] for path in ("value", "gate") for k in order]
-        # [B, 8·AH]: the value paths of `order`, then their gate paths
+        kernels = [prm[k][path][0][:sh2] for path, k in cols]
+        biases = [prm[k][path][1] for path, k in cols]
+        # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         pre = affine(h_m, jnp.concatenate(kernels, 1), jnp.concatenate(biases))
 
         def gate(x: Array, keys: tuple[str, ...]) -> Array:
@@ -340,22 +341,20 @@ class Network(nn.Module):
             out = affine(a, w_all, jnp.concatenate(bias)).reshape(b, len(keys), -1)
             return _dueling(out[..., :n], out[..., n:].reshape(b, len(keys), NUM_ACTIONS, n))
 
-        m = 3 if c.dir_conditioning else 4
-        first = order[:m]
-        values, gates = pre[:, : m * ah], pre[:, 4 * ah : (4 + m) * ah]
-        logits = heads(values * gate(gates, first), first)
-        if not c.dir_conditioning:
-            parts = [logits[:, 0], logits[:, 3], logits[:, 1], logits[:, 2]]
-            return jnp.stack(parts, axis=1)
-        p_dir = jax.nn.softmax(logits[:, 0], axis=-1)
-        q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
-        cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
-        mag = prm["branch_magnitude"]
-        u = pre[:, 3 * ah : 4 * ah] + cond @ mag["value"][0][sh2:]
-        g = pre[:, 7 * ah :] + cond @ mag["gate"][0][sh2:]
-        logits_mag = heads(u * gate(g, ("branch_magnitude",)), ("branch_magnitude",))[:, 0]
-        parts = [logits[:, 0], logits_mag, logits[:, 1], logits[:, 2]]
-        return jnp.stack(parts, axis=1)
+        first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
+        span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
+        logits = heads(pre[:, span("value")] * gate(pre[:, span("gate")], first), first)
+        fused = [logits[:, i] for i in range(len(first))]  # FUSED_ORDER
+        if c.dir_conditioning:
+            p_dir = jax.nn.softmax(fused[0], axis=-1)
+            q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
+            cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
+            mag_key = ("branch_magnitude",)
+            mag = prm[mag_key[0]]
+            u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
+            g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
+            fused.append(heads(u * gate(g, mag_key), mag_key)[:, 0])
+        return jnp.stack([fused[i] for i in FROM_FUSED], axis=1)
 
 
 @dataclasses.dataclass(frozen=True)
