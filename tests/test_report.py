@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -492,3 +493,14 @@ def test_e3_dsr_trials_are_every_seed_at_every_epoch(tmp_path):
     np.testing.assert_allclose(sharpes, [0.5, -0.1, 0.3, 0.7, 0.2])  # the NaN seed dropped
     assert what.startswith("seeds × checkpoints compared on val: 2 × 3")
     assert run_statistics.selection_trials(tmp_path / "none")[0] is None
+
+
+def test_e3_report_cell_is_the_one_number_format_of_the_metrics_tables():
+    from jaxdqn.program.records.formats import cell
+
+    assert cell(3) == "3" and cell(np.int64(7)) == "7"
+    assert cell(True) == "true" and cell(False) == "false"
+    assert cell(0.12345) == "0.123" and cell(np.float32(-2.0)) == "-2.000"
+    assert cell(None) == "nan" and cell(float("nan")) == "nan"
+    assert cell(float("inf")) == "inf" and cell(-math.inf) == "-inf"
+    assert cell("greedy") == "greedy"

@@ -17,6 +17,7 @@ import numpy as np
 __all__ = [
     "as_float",
     "bar_clock_text",
+    "cell",
     "clock",
     "fixed",
     "markdown_table",
@@ -100,6 +101,23 @@ def fixed(value: Any, digits: int = 3) -> str:
     """``value`` with ``digits`` decimals; ``"nan"`` for None, NaN, ±inf and non-numbers."""
     x = as_float(value)
     return f"{x:.{digits}f}" if math.isfinite(x) else "nan"
+
+
+def cell(value: Any) -> str:
+    """A report table's cell: an integer as an integer, a bool as ``true``/``false``, another
+    number with 3 decimals (±inf as ``inf``/``-inf``), None and NaN as ``"nan"``, anything else
+    as its text."""
+    if value is None:
+        return "nan"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return "nan" if math.isnan(f) else f"{f:.3f}"
 
 
 def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -32,7 +32,7 @@ from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS, describe_execution
 from jaxdqn.evaluation.metrics import RETURN_KEYS
 from jaxdqn.program.records import metric_names
-from jaxdqn.program.records.formats import as_float, bar_clock_text, clock
+from jaxdqn.program.records.formats import as_float, bar_clock_text, cell, clock, markdown_table
 from jaxdqn.program.records.logger import read_metrics
 from jaxdqn.program.records.results import (
     SPLITS,
@@ -60,30 +60,12 @@ _THROUGHPUT = tuple(
 _VAL_SHARPE, _LOSS, _WALL_TIME = metric_names.require("val_sharpe", "loss", "wall_time")
 
 
-def _num(v: Any) -> str:
-    if v is None:
-        return "nan"
-    if isinstance(v, bool):
-        return str(v).lower()
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return str(v)
-    return "nan" if math.isnan(f) else f"{f:.3f}"
-
-
 def _table(
     rows: Sequence[tuple[str, Mapping[str, str]]], columns: Sequence[str], first: str = "strategy"
 ) -> str:
-    head = f"| {first} | " + " | ".join(columns) + " |"
-    rule = "| --- | " + " | ".join("---:" for _ in columns) + " |"
-    body = [
-        f"| {name} | " + " | ".join(cells.get(c, "") for c in columns) + " |"
-        for name, cells in rows
-    ]
-    return "\n".join([head, rule, *body])
+    """A Markdown table of named rows of ``{column: cell}`` (:func:`markdown_table`)."""
+    body = [[name, *(cells.get(c, "") for c in columns)] for name, cells in rows]
+    return "\n".join(markdown_table([first, *columns], body))
 
 
 def _metric_columns(dicts: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -117,7 +99,7 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
                 if vals.size == 0:
                     cells[m] = "nan"
                 elif vals.size == 1:
-                    cells[m] = _num(vals[0])
+                    cells[m] = cell(vals[0])
                 else:
                     cells[m] = f"{vals.mean():.3f} ± {vals.std(ddof=1):.3f}"
             rows.append((f"**agent** (mean ± std, {len(seeds)} seeds)", cells))
@@ -125,12 +107,12 @@ def _results_section(summary: Mapping[str, Any]) -> list[str]:
                 name = f"agent seed {entry.get('seed', i)}"
                 if entry.get("best_epoch") is not None:
                     name += f" (epoch {entry['best_epoch']})"
-                rows.append((name, {m: _num(d.get(m)) for m in columns}))
+                rows.append((name, {m: cell(d.get(m)) for m in columns}))
         else:
             d = agent if agent is not None else seed_dicts[0]
-            rows.append(("**agent**", {m: _num(d.get(m)) for m in columns}))
+            rows.append(("**agent**", {m: cell(d.get(m)) for m in columns}))
         for name, d in base_dicts.items():
-            rows.append((name, {m: _num(d.get(m)) if d else "" for m in columns}))
+            rows.append((name, {m: cell(d.get(m)) if d else "" for m in columns}))
         lines += [f"### {split}", "", _table(rows, columns), ""]
     return lines + _oracle_executions(baselines)
 
@@ -154,7 +136,7 @@ def _oracle_executions(baselines: Mapping[str, Any]) -> list[str]:
     cells: dict[str, dict[str, str]] = {}
     for name, (order, urgency) in ORACLE_EXECUTIONS.items():
         entry = baselines.get(name) or {}
-        text = " / ".join(_num((entry.get(split) or {}).get("sharpe")) for split in SPLITS)
+        text = " / ".join(cell((entry.get(split) or {}).get("sharpe")) for split in SPLITS)
         row = cells.setdefault(ACTION_NAMES["order"][order].replace("_", "-"), {})
         row[urgencies[urgency]] = f"**{text}**" if name == chosen else text
     return [
@@ -258,30 +240,14 @@ def _num_seeds(summary: Mapping[str, Any] | None, records: Sequence[Mapping[str,
     return 1
 
 
-def write_report(run_dir: str | os.PathLike) -> Path:
-    """Write ``report.md`` and its PNG plots into ``run_dir``; returns the report's path.
-
-    Sections: run header (config essentials, epochs, wall time, best checkpoint, throughput),
-    metrics tables (agent vs every baseline on val and test, from ``summary.json``; the oracle
-    is named with its execution chosen on val and, in a small table, listed per order type and
-    urgency), statistics per split (Sharpe with its bootstrap interval per seed and for the
-    mean, PSR, DSR with its trials, SPA p-values against the baselines), the cost stress (table
-    and ``cost_stress.png``; :mod:`jaxdqn.program.report.statistics_section`), equity
-    and drawdown against the baselines per split, training curves (loss parts, val Sharpe
-    with the best epoch, learning rate with SGDR restarts / branch resets / rewinds, per-branch
-    Q-gaps, atom utilisation). A missing input skips its part with a note in the report.
-
-    Raises:
-      FileNotFoundError: ``run_dir`` does not exist.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run directory")
-    records = read_metrics(run_dir)
-    summary = read_summary(run_dir)
-    cfg = _load_yaml(run_dir / "config.yaml")
-    seeds = _num_seeds(summary, records)
-
+def _run_section(
+    run_dir: Path,
+    summary: Mapping[str, Any] | None,
+    records: Sequence[Mapping[str, Any]],
+    cfg: Mapping[str, Any] | None,
+) -> list[str]:
+    """The header: config essentials, epochs, wall time, best checkpoint, bar clock, data
+    notes, provenance and throughput."""
     lines = [f"# jaxdqn run report: {run_dir.name}", "", "## Run", "", "| | |", "| --- | --- |"]
     rows = _config_rows(cfg)
     if summary is not None:
@@ -291,12 +257,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
         best = summary.get("best_epoch")
         if best is not None:
             step = summary.get("best_step")
-            rows.append(
-                (
-                    "best checkpoint",
-                    f"epoch {best}" + (f", step {step}" if step is not None else ""),
-                )
-            )
+            at = f"epoch {best}" + (f", step {step}" if step is not None else "")
+            rows.append(("best checkpoint", at))
         bar_clock = summary.get("bar_clock")
         if isinstance(bar_clock, dict):
             rows.append(("bar clock", bar_clock_text(bar_clock)))
@@ -335,16 +297,13 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     throughput = _throughput(records)
     if throughput:
         rows.append(("throughput", throughput))
-    lines += [f"| {k} | {v} |" for k, v in rows] + [""]
+    return lines + [f"| {k} | {v} |" for k, v in rows] + [""]
 
-    if summary is not None:
-        lines += _results_section(summary)
-        lines += panel_section.panel_section(summary, run_dir, SPLITS)
-        lines += statistics_section.statistics_section(summary, SPLITS)
-        lines += statistics_section.cost_stress_section(summary, run_dir)
-    else:
-        lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
 
+def _equity_sections(run_dir: Path) -> list[str]:
+    """Equity and drawdown against the baselines per split (a panel: its equal-weight
+    portfolio); the val curve only when the agent was walked on val."""
+    lines: list[str] = []
     for split in SPLITS:
         eval_path = run_dir / f"eval_{split}.csv"
         if (run_dir / f"portfolio_{split}.csv").exists():  # a panel: its equal-weight portfolio
@@ -362,33 +321,78 @@ def write_report(run_dir: str | os.PathLike) -> Path:
         if baselines is None:
             lines += [f"_No {base_path.name}: baselines are not drawn._", ""]
         lines += [f"![{split} equity]({eq_png})", "", f"![{split} drawdown]({dd_png})", ""]
+    return lines
 
-    lines += ["## Training", ""]
+
+def _training_section(
+    run_dir: Path,
+    records: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any] | None,
+    seeds: int,
+) -> list[str]:
+    """The training curves of ``metrics.jsonl`` and a line of what the loop did."""
     if not records:
-        lines += ["_No metrics.jsonl records._", ""]
-    else:
-        markers = training_plots.Markers(records)
-        bh = ((summary or {}).get("baselines") or {}).get("buy_and_hold") or {}
-        figures = training_plots.plot_training(
-            run_dir,
-            records,
-            seeds,
-            markers,
-            best_epoch=(summary or {}).get("best_epoch"),
-            val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
-        )
-        for title, png in figures:
-            if png is None:
-                lines += [f"_{title}: not in metrics.jsonl._", ""]
-            else:
-                lines += [f"![{title}]({png})", ""]
-        lines += [
-            f"{len(records)} epochs logged (epochs {records[0]['epoch']}–{records[-1]['epoch']});"
-            f" {len(markers.restarts)} SGDR restarts, {len(markers.resets)} branch resets,"
-            f" {len(markers.rewinds)} rewinds.",
-            "",
-        ]
+        return ["## Training", "", "_No metrics.jsonl records._", ""]
+    lines = ["## Training", ""]
+    markers = training_plots.Markers(records)
+    bh = ((summary or {}).get("baselines") or {}).get("buy_and_hold") or {}
+    figures = training_plots.plot_training(
+        run_dir,
+        records,
+        seeds,
+        markers,
+        best_epoch=(summary or {}).get("best_epoch"),
+        val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
+    )
+    for title, png in figures:
+        if png is None:
+            lines += [f"_{title}: not in metrics.jsonl._", ""]
+        else:
+            lines += [f"![{title}]({png})", ""]
+    lines += [
+        f"{len(records)} epochs logged (epochs {records[0]['epoch']}–{records[-1]['epoch']});"
+        f" {len(markers.restarts)} SGDR restarts, {len(markers.resets)} branch resets,"
+        f" {len(markers.rewinds)} rewinds.",
+        "",
+    ]
+    return lines
 
+
+def write_report(run_dir: str | os.PathLike) -> Path:
+    """Write ``report.md`` and its PNG plots into ``run_dir``; returns the report's path.
+
+    Sections: run header (config essentials, epochs, wall time, best checkpoint, throughput),
+    metrics tables (agent vs every baseline on val and test, from ``summary.json``; the oracle
+    is named with its execution chosen on val and, in a small table, listed per order type and
+    urgency), statistics per split (Sharpe with its bootstrap interval per seed and for the
+    mean, PSR, DSR with its trials, SPA p-values against the baselines), the cost stress (table
+    and ``cost_stress.png``; :mod:`jaxdqn.program.report.statistics_section`), equity
+    and drawdown against the baselines per split, training curves (loss parts, val Sharpe
+    with the best epoch, learning rate with SGDR restarts / branch resets / rewinds, per-branch
+    Q-gaps, atom utilisation). A missing input skips its part with a note in the report.
+
+    Raises:
+      FileNotFoundError: ``run_dir`` does not exist.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    records = read_metrics(run_dir)
+    summary = read_summary(run_dir)
+    cfg = _load_yaml(run_dir / "config.yaml")
+    seeds = _num_seeds(summary, records)
+
+    lines = _run_section(run_dir, summary, records, cfg)
+    if summary is not None:
+        lines += _results_section(summary)
+        lines += panel_section.panel_section(summary, run_dir, SPLITS)
+        lines += statistics_section.statistics_section(summary, SPLITS)
+        lines += statistics_section.cost_stress_section(summary, run_dir)
+    else:
+        lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
+
+    lines += _equity_sections(run_dir)
+    lines += _training_section(run_dir, records, summary, seeds)
     path = run_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(lines))
     return path
