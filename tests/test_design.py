@@ -12,9 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "DESIGN.md"
 # The families of component IDs: the model, learner, optimisation, acting, environment and
 # kernel components of the original design, then statistics, walk-forward, determinism,
-# scale-out, universes (panels), the bar clock and predict/export.
-FAMILIES = "MLOAEPSWDXUCR"
-ID = re.compile(rf"\b(?!C51\b)([{FAMILIES}]\d{{1,2}})\b")  # C51: the algorithm, not an ID
+# scale-out, universes (panels), the bar clock, predict/export and hyperparameter populations.
+FAMILIES = "MLOAEPSWDXUCRH"
+# C51: the algorithm, H0: a null hypothesis; neither is an ID
+ID = re.compile(rf"\b(?!C51\b|H0\b)([{FAMILIES}]\d{{1,2}})\b")
 HEADING = re.compile(rf"^### ([{FAMILIES}]\d{{1,2}}) — \S", re.M)
 SPAN = re.compile(r"`((?:jaxdqn|pallas_kernels|tests|bench)/[\w/]+\.py)(?:::([\w.]+))?`")
 FIELDS = ("- **Lives in:**", "- **Switch:**", "- **Tests:**")

@@ -17,11 +17,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, replay
+from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, population, replay
 from jaxdqn.agent.resolve import resolve
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import Config, ReplayConfig
+from jaxdqn.config.members import members, population_grid
 from jaxdqn.market import env as env_lib
 from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.model import network
@@ -52,6 +53,8 @@ class Agent:
       selectivity: whether M12 scales insertion priorities.
       learning_starts: replay size before the first update (over every device's shard).
       updates: ``U`` learner updates per iteration.
+      members: a population's ``[P]`` member values (:mod:`jaxdqn.agent.population`; None: an
+        ordinary run), written into the fresh train states by :func:`make_init`.
       shards: the devices one agent is split over (``Shards()``: one device). Split over
         ``D`` devices the pieces are those of one device: ``acting.num_envs`` = E/D
         environments, a replay of C/D slots, ``B/D`` rows per update
@@ -75,6 +78,7 @@ class Agent:
     learning_starts: int
     updates: int
     shards: Shards = ONE_DEVICE
+    members: population.MemberValues | None = None
 
 
 def make_replay(cfg: ReplayConfig, obs_dim: int, *, alpha: float) -> replay.Replay:
@@ -94,9 +98,8 @@ def make_replay(cfg: ReplayConfig, obs_dim: int, *, alpha: float) -> replay.Repl
 def build_agent(
     cfg: Config, market: Prepared | PanelPrepared, shards: Shards = ONE_DEVICE
 ) -> Agent:
-    """Every static piece of the agent for ``cfg`` on ``market`` (acting on its train split);
-    with ``shards`` over ``D`` devices, one device's pieces. What each setting means here is
-    decided once, by :func:`jaxdqn.agent.resolve.resolve`."""
+    """Every static piece of the agent for ``cfg`` on ``market`` (its train split; over ``D``
+    devices one device's pieces), each setting's meaning decided by :func:`.resolve.resolve`."""
     r = resolve(cfg, market, shards)
     cfg, unit = r.cfg, r.reward_unit
     obs_dim = env_lib.obs_dim(market.env_params, market.num_features)
@@ -129,12 +132,13 @@ def build_agent(
             gap_cap=r.spread_max_gap,
         ),
     )
-    lo, hi = market.bar_range("train")
+    train_range = market.bar_range("train")
     return Agent(
+        members=make_population_values(cfg),
         model=model,
         env_params=market.env_params,
-        lo=int(lo),
-        hi=int(hi),
+        lo=int(train_range[0]),
+        hi=int(train_range[1]),
         obs_dim=obs_dim,
         acting=acting.make_acting(cfg.acting, model, eval_policy=cfg.eval.policy, reward_unit=unit),
         replay=pieces.replay,
@@ -151,6 +155,14 @@ def build_agent(
         updates=cfg.optim.updates,
         shards=shards,
     )
+
+
+def make_population_values(cfg: Config) -> population.MemberValues | None:
+    """The ``[M · S]`` member values of ``cfg``'s population; None without one."""
+    if not population_grid(cfg.population):
+        return None
+    member_cfgs = [m.cfg for m in members(cfg)]
+    return population.make_member_values(member_cfgs, cfg.train.num_seeds)
 
 
 SHARDED_FIELDS = ("replay", "nstep", "env", "obs")
@@ -209,4 +221,10 @@ def make_init(agent: Agent, *, num_seeds: int | None = None):
     fn = lambda market, key: init_train_state(agent, market, key)
     if num_seeds is not None:
         fn = jax.vmap(fn, in_axes=(None, 0))
+    if agent.members is not None:  # a population: every agent with its member's values
+        size = agent.members.lr.shape[0]
+        if num_seeds != size:
+            raise ValueError(f"make_init: {num_seeds} agents for a population of {size}")
+        init = fn
+        fn = lambda market, keys: init(market, keys).replace(members=agent.members)
     return jax.jit(fn)

@@ -99,6 +99,19 @@ class BatchObservation(NamedTuple):
     context: chex.Array
 
 
+class Rates(NamedTuple):
+    """The numbers :func:`observe_batch` adapts with (from :class:`DynamicsConfig`, thresholds
+    already in Q units)."""
+
+    ema: float  # α of every batch-statistics EMA
+    adaptive: bool  # L7 on
+    gamma_n: float  # the bootstrap discount γⁿ
+    sigmas: float  # L7 half-width in TD stds
+    min_half: float  # L7 smallest half-width (Q units)
+    base_alpha: float  # L7 rates
+    max_alpha: float
+
+
 @dataclasses.dataclass(frozen=True)
 class Dynamics:
     """Pure functions over :class:`DynamicsState` (from :func:`make_dynamics`).
@@ -112,9 +125,14 @@ class Dynamics:
     - ``set_host_inputs(state, iqn_readiness=, kappa=, eval_q_std_ema=) -> state`` (host)
     - ``next_eval_q_std(previous, spread) -> list[float]`` the host EMA of the validation Q
       spread (seeded by the first spread)
+
+    ``rates`` and ``liquid`` are what ``observe_batch`` is bound to (a population member
+    rebinds the rates with its own γⁿ: :func:`jaxdqn.agent.learner.step`).
     """
 
     num_atoms: int
+    rates: Rates
+    liquid: Liquid
     init: Callable[[XLSTMState, float, float], DynamicsState]
     grid: Callable[[DynamicsState], tuple[chex.Array, chex.Array]]
     observe_rollout: Callable[[DynamicsState, chex.Array, chex.Array], DynamicsState]
@@ -123,19 +141,6 @@ class Dynamics:
     ]
     set_host_inputs: Callable[..., DynamicsState]
     next_eval_q_std: Callable[[Sequence[float] | None, Any], list[float]]
-
-
-class Rates(NamedTuple):
-    """The numbers :func:`observe_batch` adapts with (from :class:`DynamicsConfig`, thresholds
-    already in Q units)."""
-
-    ema: float  # α of every batch-statistics EMA
-    adaptive: bool  # L7 on
-    gamma_n: float  # the bootstrap discount γⁿ
-    sigmas: float  # L7 half-width in TD stds
-    min_half: float  # L7 smallest half-width (Q units)
-    base_alpha: float  # L7 rates
-    max_alpha: float
 
 
 def init(
@@ -272,6 +277,8 @@ def make_dynamics(
     half_width0 = cfg.support_half_width * reward_unit
     return Dynamics(
         num_atoms=num_atoms,
+        rates=rates,
+        liquid=liquid,
         init=functools.partial(init, half_width0=half_width0, liquid=liquid),
         grid=lambda state: support_grid(state.support, num_atoms),
         observe_rollout=functools.partial(observe_rollout, alpha=cfg.stats_alpha),

@@ -18,12 +18,14 @@ is an argument (not a baked constant), and the state is donated by :func:`make_i
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
+from jaxdqn.agent import nstep as nstep_lib
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.market import env as env_lib
@@ -82,7 +84,10 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
 def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
     """n-step transitions of the rollout into replay; the dynamics observe its rewards (L5)."""
     reward = rollout.reward * agent.reward_scale
-    nstep_state, trans, valid = agent.nstep.update(
+    accumulate = agent.nstep.update
+    if state.members is not None:  # a population member's own γ
+        accumulate = functools.partial(nstep_lib.update, n=agent.nstep.n, gamma=state.members.gamma)
+    nstep_state, trans, valid = accumulate(
         state.nstep,
         rollout.obs,
         rollout.actions,

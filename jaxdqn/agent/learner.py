@@ -18,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdqn.agent import dynamics as dynamics_lib
 from jaxdqn.agent import losses, targets
 from jaxdqn.agent.dynamics import BatchObservation, Dynamics
 from jaxdqn.agent.losses import Loss, LossCoefficients, LossInputs, LossParts
+from jaxdqn.agent.population import MemberValues
 from jaxdqn.agent.replay import Replay
 from jaxdqn.agent.state import TrainState
 from jaxdqn.agent.targets import Target
@@ -38,6 +40,7 @@ __all__ = [
     "beta_schedule",
     "learning_target",
     "make_learner",
+    "member_hypers",
     "observation",
     "rank_normalised",
     "sample",
@@ -182,6 +185,7 @@ class LearnerHypers(NamedTuple):
     temperature_floor: Any  # L2 Boltzmann temperature floor in Q units
     entropy_base: Any  # L4 base coefficient
     loss: LossCoefficients  # the total loss's weights
+    gamma_n: Any = None  # L7's γⁿ (None: the one the dynamics were built with)
 
 
 class Pieces(NamedTuple):
@@ -317,7 +321,11 @@ def step(
         polyak_rate=hypers.polyak_rate,
     )
     seen = observation(parts, batch, inputs.target, spec.shards)
-    dyn, dyn_metrics = pieces.dynamics.observe_batch(state.dynamics, seen)
+    rates = pieces.dynamics.rates
+    if hypers.gamma_n is not None:
+        rates = rates._replace(gamma_n=hypers.gamma_n)
+    observe = functools.partial(dynamics_lib.observe_batch, liquid=pieces.dynamics.liquid)
+    dyn, dyn_metrics = observe(state.dynamics, seen, rates=rates)
     new_state = state.replace(
         params=params,
         target_params=target_params,
@@ -339,10 +347,25 @@ def step(
     return new_state, metrics
 
 
+def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> LearnerHypers:
+    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ); unchanged
+    without a population."""
+    if members is None:
+        return hypers
+    return hypers._replace(
+        beta0=members.beta0,
+        polyak_rate=members.polyak_rate,
+        entropy_base=members.entropy_base,
+        gamma_n=members.gamma_n,
+    )
+
+
 def update(
     state: TrainState, *, pieces: Pieces, spec: LearnerSpec, hypers: LearnerHypers
 ) -> tuple[TrainState, dict[str, chex.Array]]:
-    """One learner update: split the state's key, :func:`sample`, :func:`step`."""
+    """One learner update: split the state's key, :func:`sample`, :func:`step` (a population
+    member's own values, ``state.members``, replace the bound ones: :func:`member_hypers`)."""
+    hypers = member_hypers(hypers, state.members)
     key, k_sample, k_target = jax.random.split(state.key, 3)
     bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
     batch = sample(state, spec.shards.fold(k_sample), **bound)

@@ -203,6 +203,9 @@ def make_init(agent: Agent, layout: Layout):
     if layout.mesh is None:
         return build_init(agent, num_seeds=layout.num_seeds)
     fn = jax.vmap(lambda market, key: init_train_state(agent, market, key), in_axes=(None, 0))
+    if agent.members is not None:  # a population: every agent with its member's values
+        init = fn
+        fn = lambda market, keys: init(market, keys).replace(members=agent.members)
     return jax.jit(fn, out_shardings=_named(layout, _field_specs(layout)))
 
 

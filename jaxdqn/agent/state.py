@@ -17,6 +17,7 @@ from flax import struct
 
 from jaxdqn.agent.dynamics import DynamicsState
 from jaxdqn.agent.nstep import NStepState
+from jaxdqn.agent.population import MemberValues
 from jaxdqn.agent.replay import ReplayState
 from jaxdqn.market.env import EnvState
 
@@ -38,6 +39,8 @@ class TrainState:
     key: chex.PRNGKey
     iteration: chex.Array  # int32, iterations run
     updates: chex.Array  # int32, learner updates applied
+    # a population member's values (jaxdqn.agent.population); None: the values bound at build
+    members: MemberValues | None = None
 
 
 def fold_keys(state: TrainState, salt: int) -> TrainState:

@@ -1,7 +1,8 @@
 """Typed configuration: one small frozen dataclass per concept (:mod:`.sections`), loaded from
 YAML with dotted ``key=value`` overrides (:mod:`.loading`). Read by every layer."""
 
-from jaxdqn.config.loading import MOVED, commented_yaml, describe, differences, dump, load, to_dict
+from jaxdqn.config.loading import MOVED, commented_yaml, describe, differences, dump, to_dict
+from jaxdqn.config.members import load
 from jaxdqn.config.sections import (
     ALL_OFF,
     ALL_ON,

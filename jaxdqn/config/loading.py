@@ -186,6 +186,15 @@ def _unknown(key: str, value: Any) -> str:
             sub = next(iter(value))
             return _unknown(f"{key}.{sub}", value[sub])
         return f"{key}: this section was split into {_SPLIT_SECTIONS[key]}"
+    if key.startswith("population."):
+        from jaxdqn.config.population_sections import POPULATION_KEYS
+
+        if isinstance(value, Mapping) and value:
+            key = f"{key}.{next(iter(value))}"
+        return (
+            f"{key}: a population varies only {', '.join(POPULATION_KEYS)} (values that "
+            "change no array shape); train other values as separate runs"
+        )
     section = key.split(".", 1)[0]
     if section in _SPLIT_SECTIONS:
         return f"{key}: unknown config key (the {section} section was split into " + (

@@ -49,6 +49,7 @@ from jaxdqn.config.data_sections import (
     date_range,
 )
 from jaxdqn.config.fields import ConfigError, _f, _sub
+from jaxdqn.config.population_sections import PopulationConfig
 
 __all__ = [
     "ALL_OFF",
@@ -291,6 +292,9 @@ class Config:
     train: TrainConfig = _sub(TrainConfig, "the epoch loop, plateau logic, checkpoints")
     walkforward: WalkForwardConfig = _sub(
         WalkForwardConfig, "walk-forward folds (python -m jaxdqn.walkforward)"
+    )
+    population: PopulationConfig = _sub(
+        PopulationConfig, "hyperparameter populations: members trained in one program"
     )
 
     def __post_init__(self):

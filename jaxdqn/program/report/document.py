@@ -42,6 +42,7 @@ from jaxdqn.program.records.results import (
     write_text_atomic,
 )
 from jaxdqn.program.report import panel_section, plots, statistics_section, training_plots
+from jaxdqn.program.report.population_results import population_section
 
 __all__ = ["REPORT_FILE", "TABLE_METRICS", "write_report"]
 
@@ -384,7 +385,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
     lines = _run_section(run_dir, summary, records, cfg)
     if summary is not None:
-        lines += _results_section(summary)
+        lines += _results_section(summary) + population_section(summary)
         lines += panel_section.panel_section(summary, run_dir, SPLITS)
         lines += statistics_section.statistics_section(summary, SPLITS)
         lines += statistics_section.cost_stress_section(summary, run_dir)

@@ -34,13 +34,14 @@ from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.config import Config
+from jaxdqn.config.members import population_size
 from jaxdqn.evaluation import baselines, panel_baselines
 from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
 from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.program.checkpoints import checkpoint
 from jaxdqn.program.records import results
 from jaxdqn.program.records.provenance import provenance
-from jaxdqn.program.report import document, panel_results, run_statistics
+from jaxdqn.program.report import document, panel_results, population_results, run_statistics
 from jaxdqn.program.run.placement import Placement
 from jaxdqn.program.run.run_state import RunState
 from jaxdqn.program.run.walks import stress_seed, walk_seed
@@ -79,7 +80,7 @@ def finish(
         best = placed.view(best)
         if not placed.primary:
             return None
-    num_seeds = cfg.train.num_seeds
+    num_seeds = population_size(cfg)  # every agent: members × seeds
     logs: dict[str, list[pd.DataFrame]] = {split: [] for split in SPLITS}
     walks: dict[str, list[Any]] = {split: [] for split in SPLITS}
     per_seed = []
@@ -163,6 +164,11 @@ def finish(
     }
     if num_seeds > 1:
         summary["seeds"] = per_seed
+    population = population_results.member_entries(cfg, per_seed)
+    if population is not None:  # the run's results are its winner's (selected on val)
+        summary["members"], summary["winner"] = population
+        chosen = summary["members"][summary["winner"]["member"]]
+        summary["val"], summary["test"] = chosen["val"], chosen["test"]
     results.write_summary(run_dir, summary)
     document.write_report(run_dir)
     return summary

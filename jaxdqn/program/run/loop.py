@@ -26,6 +26,7 @@ from jaxdqn.agent import optim
 from jaxdqn.agent.build import build_agent
 from jaxdqn.agent.state import TrainState, fold_keys
 from jaxdqn.config import Config
+from jaxdqn.config.members import agent_base_lrs
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.market import market as market_lib
 from jaxdqn.program.checkpoints import checkpoint
@@ -69,16 +70,15 @@ class Trainer:
         self._stop = False
         self.prepared = market_lib.prepare(cfg)
         self.agent = build_agent(cfg, self.prepared)
-        self.num_seeds = cfg.train.num_seeds
+        self.lrs = agent_base_lrs(cfg)  # a population's per agent; None: optim.lr for all
         # train.mesh's devices, the iteration, the initialiser (first state, restore template)
         self.placed = place(cfg, self.prepared, self.agent)
-        self.iterate = self.placed.iterate
+        self.iterate, self.num_seeds = self.placed.iterate, self.placed.layout.num_seeds
         self.validate = make_validate(self.agent, self.prepared, cfg.eval, self.num_seeds)
 
     def init_state(self) -> TrainState:
-        """The initial ``[S, ...]`` state; seed ``s`` gets split ``s`` of the run seed's key."""
-        keys = jax.random.split(jax.random.PRNGKey(self.cfg.seed), self.num_seeds)
-        return self.placed.init(self.placed.market, keys)
+        """The initial ``[P, ...]`` state; seed ``s`` gets split ``s`` of the run seed's key."""
+        return self.placed.fresh(self.cfg.seed, self.cfg.train.num_seeds)
 
     def _on_sigint(self, signum, frame):
         self._stop = True
@@ -146,7 +146,7 @@ class Trainer:
         """One epoch; returns ``(state, run, record)`` with the epoch's log line as
         ``record``, ``None`` when interrupted, or a fault record after a recovery."""
         cfg, tc = self.cfg, self.cfg.train
-        sched = schedule(run.epoch, run.cycle_start, run.iteration, cfg.optim, cfg.acting)
+        sched = schedule(run.epoch, run.cycle_start, run.iteration, cfg.optim, cfg.acting, self.lrs)
         scale, ema = cfg.optim.restart_moment_scale, run.eval_q_std_ema
         state = self.placed.put(apply_schedule(state, sched, self.agent.dynamics, scale, ema))
         t0 = time.time()

@@ -18,8 +18,10 @@ import numpy as np
 
 from jaxdqn.agent import mesh as mesh_lib
 from jaxdqn.agent.build import Agent, build_agent
+from jaxdqn.agent.population import population_keys
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import Config
+from jaxdqn.config.members import population_size
 from jaxdqn.market.env import MarketData
 from jaxdqn.market.market import Prepared
 
@@ -63,6 +65,11 @@ class Placement:
         empty = {f.name: None for f in dataclasses.fields(state)}
         return state.replace(**{**empty, "params": params, "dynamics": dynamics})
 
+    def fresh(self, seed: int, num_seeds: int) -> TrainState:
+        """The initial ``[P, ...]`` state of the run seed ``seed`` with ``num_seeds`` seeds per
+        member: agent ``p`` from the key of seed ``p mod S`` (:func:`population_keys`)."""
+        return self.init(self.market, population_keys(seed, self.layout.num_seeds, num_seeds))
+
     def put(self, state: TrainState) -> TrainState:
         """``state`` on the layout's shardings; on one device, committed to that device.
 
@@ -90,7 +97,7 @@ def place(cfg: Config, prepared: Prepared, agent: Agent) -> Placement:
       ConfigError: a mesh the devices or sizes do not allow.
     """
     tc = cfg.train
-    layout = mesh_lib.make_layout(tc.num_seeds, tc.mesh, tc.devices)
+    layout = mesh_lib.make_layout(population_size(cfg), tc.mesh, tc.devices)
     if layout.data > 1:
         agent = build_agent(cfg, prepared, layout.shards)
     market = prepared.market

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 
 from jaxdqn.agent import optim
 from jaxdqn.agent.dynamics import Dynamics
@@ -43,13 +44,14 @@ class EpochSchedule:
     """The host-set inputs of one epoch (see the module docstring).
 
     Attributes:
-      lr: O2 learning rate of the trunk and branches (Python float; logged as ``lr``).
+      lr: O2 learning rate of the trunk and branches (Python float; logged as ``lr``), or
+        a population's one per agent (``[P]`` floats, each member's own base scaled alike).
       restart: O3, scale the Adam moments before this epoch's first iteration.
       readiness: A2 IQN readiness in ``[0, 1]``.
       kappa: A1 temperature factor κ.
     """
 
-    lr: float
+    lr: float | tuple[float, ...]
     restart: bool
     readiness: float
     kappa: float
@@ -61,13 +63,17 @@ def schedule(
     iteration_in_epoch: int,
     optim_cfg: OptimConfig,
     acting_cfg: ActingConfig,
+    base_lrs: Sequence[float] | None = None,
 ) -> EpochSchedule:
     """The schedule of ``epoch`` (0-based) whose SGDR cycle began at epoch ``cycle_start``;
-    ``iteration_in_epoch`` > 0 when an interrupted epoch is resumed (no second O3 restart)."""
+    ``iteration_in_epoch`` > 0 when an interrupted epoch is resumed (no second O3 restart).
+    ``base_lrs``: a population's base learning rate per agent (``[P]``; None: ``optim.lr``)."""
     cycle_epoch = epoch - cycle_start
-    lr = optim.sgdr_learning_rate(
-        cycle_epoch, optim_cfg.lr, optim_cfg.sgdr_period, optim_cfg.sgdr_floor
-    )
+    period, floor = optim_cfg.sgdr_period, optim_cfg.sgdr_floor
+    if base_lrs is None:
+        lr = optim.sgdr_learning_rate(cycle_epoch, optim_cfg.lr, period, floor)
+    else:
+        lr = tuple(optim.sgdr_learning_rate(cycle_epoch, b, period, floor) for b in base_lrs)
     restart = optim.is_restart(cycle_epoch, optim_cfg.sgdr_period) and iteration_in_epoch == 0
     r0 = acting_cfg.iqn_readiness
     r1 = acting_cfg.iqn_readiness_end
@@ -87,15 +93,19 @@ def apply_schedule(
     """Write ``sched`` into a train state with a leading seed axis ``[S, ...]``.
 
     Every seed gets the same learning rate (float32, written into the injected optax
-    hyperparameters) and readiness; at a restart every seed's trunk and branch Adam ``μ, ν``
-    are multiplied by ``moment_scale``. ``eval_q_std_ema`` (``[S]`` floats, or ``None`` before
-    the first validation → 0) is M14's input from the host EMA of the validation Q spread.
-    Only values change, never shapes or dtypes.
+    hyperparameters; a population: each agent its own, ``sched.lr`` ``[P]``) and readiness; at a
+    restart every seed's trunk and branch Adam ``μ, ν`` are multiplied by ``moment_scale``.
+    ``eval_q_std_ema`` (``[S]`` floats, or ``None`` before the first validation → 0) is M14's input
+    from the host EMA of the validation Q spread. Only values change, never shapes or dtypes.
     """
     opt_state = state.opt_state
     if sched.restart:
         opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, moment_scale))(opt_state)
-    opt_state = jax.vmap(lambda o: optim.set_learning_rate(o, sched.lr))(opt_state)
+    if isinstance(sched.lr, tuple):
+        lrs = np.asarray(sched.lr, np.float32)
+        opt_state = jax.vmap(optim.set_learning_rate)(opt_state, lrs)
+    else:
+        opt_state = jax.vmap(lambda o: optim.set_learning_rate(o, sched.lr))(opt_state)
     # set_host_inputs broadcasts to the stored [S] shape as float32.
     host_inputs = dynamics.set_host_inputs(
         state.dynamics,

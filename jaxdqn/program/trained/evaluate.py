@@ -40,6 +40,7 @@ import pandas as pd
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
+from jaxdqn.config.members import population_size
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.program.records.formats import to_jsonable
@@ -106,7 +107,7 @@ def evaluate_run(
     cfg = config_lib.load(saved, list(overrides))
     prepared = market_lib.prepare(cfg)
     agent = build_agent(cfg, prepared)
-    num_seeds = cfg.train.num_seeds
+    num_seeds = population_size(cfg)  # every agent: members × seeds
     state, step = load.restore_state(run_dir, cfg, agent, prepared, which)
     out.mkdir(parents=True, exist_ok=True)
     results = [walk_seed(agent, prepared, cfg.eval, state, split, s) for s in range(num_seeds)]

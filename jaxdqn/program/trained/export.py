@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxdqn.branches import ACTION_NAMES, BRANCHES
 from jaxdqn.config import ConfigError
+from jaxdqn.config.members import population_size
 
 __all__ = ["FILES", "export_run", "load_exported"]
 
@@ -99,7 +100,7 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
     # The KAN gate in its jnp form: an artifact for the CPU and CUDA holds no Triton kernel.
     cfg_ref = dataclasses.replace(cfg, kernels=dataclasses.replace(cfg.kernels, kan="reference"))
     agent = build_agent(cfg_ref, run.prepared)
-    seeds = range(cfg.train.num_seeds)
+    seeds = range(population_size(cfg))  # every agent: members × seeds
     per_seed = [jax.tree.leaves(seed_policy_params(run.agent, run.state, s)) for s in seeds]
     treedef = jax.tree.structure(seed_policy_params(run.agent, run.state, 0))
     env_params = run.prepared.env_params
@@ -130,7 +131,7 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
         "format": "jaxdqn policy export 1",
         "run_dir": str(run_dir),
         "checkpoint_step": int(run.step),
-        "seeds": cfg.train.num_seeds,
+        "seeds": population_size(cfg),
         "instruments": [v.name for v in run.views],
         "obs_dim": int(obs_dim),
         "window": int(cfg.features.window),

@@ -17,6 +17,7 @@ import pandas as pd
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
+from jaxdqn.config.members import population_size
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import features as features_lib
 from jaxdqn.market.errors import DataError
@@ -128,10 +129,11 @@ def restore_state(
     import jax
 
     from jaxdqn.agent.build import make_init
+    from jaxdqn.agent.population import population_keys
 
-    num_seeds = cfg.train.num_seeds
+    num_seeds = population_size(cfg)  # every agent: members × seeds
     # The restore template: the abstract seed-stacked train state (nothing is computed).
-    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), num_seeds)
+    keys = population_keys(cfg.seed, num_seeds, cfg.train.num_seeds)
     template = jax.eval_shape(make_init(agent, num_seeds=num_seeds), prepared.market, keys)
     run_dir = Path(run_dir)
     ckpt = Checkpointer(

@@ -32,6 +32,7 @@ import pandas as pd
 
 from jaxdqn.branches import ACTION_NAMES, BRANCHES
 from jaxdqn.config import ConfigError
+from jaxdqn.config.members import population_size
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data as data_lib
 from jaxdqn.market import features as features_lib
@@ -225,7 +226,7 @@ def decide(
     from jaxdqn.market import env
     from jaxdqn.program.run.walks import seed_policy_params
 
-    num_seeds = run.cfg.train.num_seeds
+    num_seeds = population_size(run.cfg)  # every agent: members × seeds
     seeds = tuple(range(num_seeds)) if seeds is None else tuple(seeds)
     for s in seeds:
         if not 0 <= s < num_seeds:

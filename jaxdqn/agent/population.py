@@ -1,0 +1,73 @@
+"""A hyperparameter population on device (issue 32): each member's values as arrays.
+
+A population's members differ only in values that change no array shape
+(:data:`jaxdqn.config.population_sections.POPULATION_KEYS`), so they train as the members of
+the one vmapped program that trains seeds: the train state's leading axis holds ``P = M · S``
+agents, member-major (agent ``p`` is seed ``p mod S`` of member ``p // S``), and every agent
+carries its member's values in ``TrainState.members`` (:class:`MemberValues`, float32 scalars;
+``[P]`` stacked). The learner and the store step read them from there instead of the values
+bound at build time; the learning rate, which the host sets every epoch (O2), is written per
+agent by the schedule. Without a population ``TrainState.members`` is None and nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxdqn.config import Config
+
+__all__ = ["MemberValues", "make_member_values", "population_keys"]
+
+
+@struct.dataclass
+class MemberValues:
+    """One agent's member values (float32 ``[]``; a population stacks them to ``[P]``).
+
+    Attributes:
+      lr: O1/O2 base learning rate (``optim.lr``; the host's SGDR schedule scales it).
+      gamma: discount γ of the n-step returns (``loss.gamma``).
+      gamma_n: the bootstrap discount γⁿ (L7's support update).
+      polyak_rate: L2's Polyak rate (``loss.polyak_tau``).
+      entropy_base: L4's base coefficient (``loss.entropy_base``).
+      beta0: L8's IS exponent at update 0 (``replay.priority_beta0``).
+    """
+
+    lr: chex.Array
+    gamma: chex.Array
+    gamma_n: chex.Array
+    polyak_rate: chex.Array
+    entropy_base: chex.Array
+    beta0: chex.Array
+
+
+def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberValues:
+    """The ``[M · S]`` values of ``M`` member configs with ``num_seeds`` seeds each, member-major
+    (γⁿ computed in float64 from the member's γ and n, as a single run computes it)."""
+    rows = [
+        (
+            c.optim.lr,
+            c.loss.gamma,
+            c.loss.gamma**c.loss.n_step,
+            c.loss.polyak_tau,
+            c.loss.entropy_base,
+            c.replay.priority_beta0,
+        )
+        for c in member_cfgs
+    ]
+    table = np.repeat(np.asarray(rows, np.float64), num_seeds, axis=0).astype(np.float32)
+    return MemberValues(*(jnp.asarray(table[:, i]) for i in range(table.shape[1])))
+
+
+def population_keys(seed: int, num_agents: int, num_seeds: int) -> chex.Array:
+    """``[P, 2]`` keys of ``P = M · S`` agents, member-major: every member's seed ``s`` starts
+    from the key that seed ``s`` of an ordinary run with ``train.num_seeds = S`` gets, so
+    member ``m`` is the run with its values (:func:`make_member_values`); ``P = S``: an
+    ordinary run's keys."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), num_seeds)
+    return jnp.tile(keys, (num_agents // num_seeds, 1))

@@ -1,0 +1,81 @@
+"""A population run's members in ``summary.json`` and ``report.md`` (issue 32).
+
+``summary.json`` of a run with a ``population`` section adds
+
+    "members": [{"member": m, "overrides": {key: value}, "agents": [p, ...],
+                 "val": metrics, "test": metrics}, ...],
+    "winner": {"member": m, "overrides": {...}, "selected_on": "..."}
+
+where ``metrics`` are keyed as the run's ``val``/``test`` and averaged over the member's seeds
+(agents ``m·S … m·S + S − 1``), and the winner is the member with the highest mean val Sharpe
+(test plays no part). The run's top-level ``val``/``test`` are then the winner's. Every agent is
+also a trial of the run's Deflated Sharpe Ratio (members × seeds × checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxdqn.config import Config
+from jaxdqn.config.members import members, population_grid
+from jaxdqn.program.records.formats import cell, markdown_table
+
+__all__ = ["SELECTED_ON", "member_entries", "population_section"]
+
+SELECTED_ON = "the highest mean val Sharpe over the member's seeds"
+
+
+def member_entries(
+    cfg: Config, per_agent: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """``(members, winner)`` of ``cfg``'s population from every agent's ``{"val", "test"}``
+    metrics (member-major, as the run's agents); None without a population."""
+    if not population_grid(cfg.population):
+        return None
+    s = cfg.train.num_seeds
+    out = []
+    for i, m in enumerate(members(cfg)):
+        agents = list(range(i * s, (i + 1) * s))
+        mean = lambda split, agents=agents: {
+            k: float(np.nanmean([per_agent[p][split][k] for p in agents]))
+            for k in per_agent[agents[0]][split]
+        }
+        out.append(
+            {"member": i, "overrides": m.overrides, "agents": agents, "val": mean("val"),
+             "test": mean("test")}
+        )  # fmt: skip
+    score = lambda e: e["val"]["sharpe"] if math.isfinite(e["val"]["sharpe"]) else -math.inf
+    best = max(out, key=score)
+    winner = {"member": best["member"], "overrides": best["overrides"], "selected_on": SELECTED_ON}
+    return out, winner
+
+
+def population_section(summary: Mapping[str, Any]) -> list[str]:
+    """The report's "Population" section: one row per member (its values, val and test
+    Sharpe and return), the winner marked; nothing for an ordinary run."""
+    entries = summary.get("members")
+    if not entries:
+        return []
+    winner = (summary.get("winner") or {}).get("member")
+    keys = list(entries[0]["overrides"])
+    head = ["member", *keys, "val Sharpe", "test Sharpe", "val return", "test return"]
+    rows = []
+    for e in entries:
+        name = f"**{e['member']}** (winner)" if e["member"] == winner else str(e["member"])
+        values = [f"{e['overrides'][k]:g}" for k in keys]
+        metrics = [cell(e[s].get(k)) for k in ("sharpe", "annual_return") for s in ("val", "test")]
+        rows.append([name, *values, metrics[0], metrics[1], metrics[2], metrics[3]])
+    return [
+        "## Population",
+        "",
+        f"{len(entries)} members trained in one program; the winner has {SELECTED_ON} (test "
+        "plays no part). The results above are the winner's; every agent counts as a trial of "
+        "the Deflated Sharpe Ratio.",
+        "",
+        *markdown_table(head, rows),
+        "",
+    ]

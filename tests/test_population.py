@@ -1,0 +1,121 @@
+"""Hyperparameter populations (issue 32): members trained as one vmapped program."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdqn import config
+from jaxdqn.agent.build import build_agent, make_init
+from jaxdqn.agent.iteration import make_iteration
+from jaxdqn.agent.population import make_member_values, population_keys
+from jaxdqn.config.members import members
+from jaxdqn.market import market as market_setup
+from jaxdqn.program.run.schedule import apply_schedule, schedule
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+GRID = ["population.optim.lr=[0.002,0.0003]", "population.loss.gamma=[0.9,0.97]"]
+
+
+def test_h1_grid_is_every_combination_first_key_slowest():
+    cfg = config.load(CONFIGS / "smoke.yaml", GRID)
+    ms = members(cfg)
+    assert [m.overrides for m in ms] == [
+        {"optim.lr": 0.002, "loss.gamma": 0.9},
+        {"optim.lr": 0.002, "loss.gamma": 0.97},
+        {"optim.lr": 0.0003, "loss.gamma": 0.9},
+        {"optim.lr": 0.0003, "loss.gamma": 0.97},
+    ]
+    for m in ms:
+        assert (m.cfg.optim.lr, m.cfg.loss.gamma) == (
+            m.overrides["optim.lr"],
+            m.overrides["loss.gamma"],
+        )
+        assert not any(members(m.cfg)[0].overrides)  # a member is an ordinary run
+        assert m.cfg.model == cfg.model and m.cfg.train == cfg.train
+    assert members(config.load(CONFIGS / "smoke.yaml"))[0].cfg == config.load(
+        CONFIGS / "smoke.yaml"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "population.model.ah=[8,16]",
+            r"population\.model\.ah: a population varies only optim\.lr",
+        ),
+        ("population.random=4", r"population\.random: a population varies only"),
+        (
+            "population.optim.lr=[0.001,-1]",
+            r"population member \(optim\.lr=-1\.0\): optim\.lr: must be >= 0",
+        ),
+        ("population.loss.gamma=[0.9,0.9]", r"population\.loss\.gamma: a value is listed twice"),
+        ("population.loss.gamma=0.9", r"population\.loss\.gamma: expected a list"),
+    ],
+)
+def test_h1_bad_keys_and_values_are_one_line_errors(override, message):
+    with pytest.raises(config.ConfigError, match=message):
+        config.load(CONFIGS / "smoke.yaml", [override])
+
+
+def test_h1_member_values_are_member_major_float32():
+    cfg = config.load(CONFIGS / "smoke.yaml", GRID)
+    v = make_member_values([m.cfg for m in members(cfg)], num_seeds=2)
+    np.testing.assert_array_equal(
+        v.lr, np.float32([0.002, 0.002, 0.002, 0.002, 3e-4, 3e-4, 3e-4, 3e-4])
+    )
+    np.testing.assert_array_equal(v.gamma, np.float32([0.9, 0.9, 0.97, 0.97] * 2))
+    np.testing.assert_array_equal(v.gamma_n, np.float32([0.9**3, 0.9**3, 0.97**3, 0.97**3] * 2))
+    assert v.lr.dtype == np.float32
+    keys = population_keys(5, num_agents=8, num_seeds=2)
+    np.testing.assert_array_equal(keys[2:4], jax.random.split(jax.random.PRNGKey(5), 2))
+    np.testing.assert_array_equal(keys[0:2], keys[6:8])
+
+
+def _programs(cfg, prepared, n):
+    """``(agent, init, iterate)`` of ``cfg`` for ``n`` agents."""
+    agent = build_agent(cfg, prepared)
+    return agent, make_init(agent, num_seeds=n), make_iteration(agent, num_seeds=n)
+
+
+def _run(programs, cfg, prepared, keys, base_lrs, iterations):
+    agent, init, iterate = programs
+    state = init(prepared.market, keys)
+    sched = schedule(0, 0, 0, cfg.optim, cfg.acting, base_lrs=base_lrs)
+    state = apply_schedule(state, sched, agent.dynamics, 1.0, None)
+    history = []
+    for _ in range(iterations):
+        state, metrics = iterate(state, prepared.market)
+        history.append(jax.device_get(metrics))
+    return jax.device_get(state), history
+
+
+@pytest.mark.slow
+def test_h1_members_equal_their_separate_runs():
+    """A 4-member population (2 lr × 2 γ, 1 seed) in one vmapped program follows, member by
+    member, the four ordinary runs with those values (float tolerance: a vmapped product may
+    round its last bit differently), and its members differ from each other."""
+    cfg = config.load(CONFIGS / "smoke.yaml", GRID)
+    ms = members(cfg)
+    prepared = market_setup.prepare(cfg)
+    keys = population_keys(cfg.seed, len(ms), 1)  # 4 agents, 1 seed each
+    lrs = [m.cfg.optim.lr for m in ms]
+    pop, pop_history = _run(_programs(cfg, prepared, 4), cfg, prepared, keys, lrs, 6)
+    assert pop_history[-1]["learning"].tolist() == [1.0] * 4
+    losses = pop_history[-1]["loss"]
+    assert len(set(np.round(losses, 6).tolist())) == 4  # four different agents
+    programs = {}  # one program per γ: the learning rate is state, γ is not
+    for i, m in enumerate(ms):
+        gamma = m.cfg.loss.gamma
+        programs.setdefault(gamma, _programs(m.cfg, prepared, 1))
+        one, one_history = _run(programs[gamma], m.cfg, prepared, keys[i : i + 1], None, 6)
+        for pm, om in zip(pop_history, one_history, strict=True):
+            for k in ("loss", "loss_c51", "q_gap", "td_target_mean", "reward_std_ema"):
+                np.testing.assert_allclose(pm[k][i], om[k][0], rtol=2e-4, atol=1e-6, err_msg=k)
+        for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
+            np.testing.assert_allclose(a[i], b[0], rtol=1e-3, atol=1e-5)
+        np.testing.assert_array_equal(pop.replay.storage.action[i], one.replay.storage.action[0])
