@@ -14,7 +14,8 @@ replay passes ``learning_starts`` in the first), then ``--iters`` iterations are
 one (each blocks on its result) and the median is quoted. One iteration of the population
 advances all 16 members; the 16 sequential runs need the sum of their medians for the same
 work. Goal (issue 32): the population's iterations/s >= 8x the sequential runs'. Compile
-times (the first call) are quoted beside. Prints a table last.
+times (the first call) are quoted beside; the programs' XLA flags and persistent compilation
+cache are on, as in ``python -m jaxdqn.train``. Prints a table last.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import build_agent  # noqa: E402
 from jaxdqn.config.members import agent_base_lrs, members  # noqa: E402
 from jaxdqn.market import market as market_lib  # noqa: E402
+from jaxdqn.program.launch import runtime  # noqa: E402
 from jaxdqn.program.run.placement import place  # noqa: E402
 from jaxdqn.program.run.schedule import apply_schedule, schedule  # noqa: E402
 
@@ -80,7 +82,11 @@ def main() -> int:
     ap.add_argument("--gammas", default="0.9,0.95,0.97,0.99", help="population.loss.gamma")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations per configuration")
     ap.add_argument("--tiny", action="store_true", help="smoke sizes (a CPU check)")
+    ap.add_argument("--compile-cache", default=None, help="persistent compilation cache folder")
     args = ap.parse_args()
+    # The programs' own XLA flags and compilation cache: sixteen ordinary runs would share the
+    # cache (members with the same γ compile the same program; the learning rate is state).
+    runtime.configure(args.compile_cache)
     base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
     grid = [f"population.optim.lr=[{args.lrs}]", f"population.loss.gamma=[{args.gammas}]"]
     cfg = config.load(base, [*overrides(args.tiny), *grid])
