@@ -14,6 +14,9 @@ from jaxdqn.agent.iteration import make_iteration
 from jaxdqn.agent.population import make_member_values, population_keys
 from jaxdqn.config.members import members
 from jaxdqn.market import market as market_setup
+from jaxdqn.program.records.logger import RunLogger
+from jaxdqn.program.report import run_statistics
+from jaxdqn.program.report.population_results import member_entries, population_section
 from jaxdqn.program.run.schedule import apply_schedule, schedule
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -119,3 +122,36 @@ def test_h1_members_equal_their_separate_runs():
         for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-3, atol=1e-5)
         np.testing.assert_array_equal(pop.replay.storage.action[i], one.replay.storage.action[0])
+
+
+def test_h1_members_average_their_seeds_and_the_best_val_wins():
+    cfg = config.load(CONFIGS / "smoke.yaml", [*GRID, "train.num_seeds=2"])
+    val = [0.1, 0.3, -0.5, 0.1, 0.9, 0.5, float("nan"), 0.2]  # agents, member-major
+    per_agent = [
+        {
+            "val": {"sharpe": v, "annual_return": 0.01 * p},
+            "test": {"sharpe": -v, "annual_return": 0.0},
+        }
+        for p, v in enumerate(val)
+    ]
+    entries, winner = member_entries(cfg, per_agent)
+    assert [e["agents"] for e in entries] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    np.testing.assert_allclose([e["val"]["sharpe"] for e in entries], [0.2, -0.2, 0.7, 0.2])
+    np.testing.assert_allclose(entries[2]["test"]["sharpe"], -0.7)
+    assert winner["member"] == 2 and winner["overrides"] == {"optim.lr": 0.0003, "loss.gamma": 0.9}
+    assert member_entries(config.load(CONFIGS / "smoke.yaml"), per_agent[:1]) is None
+    lines = population_section({"members": entries, "winner": winner})
+    assert lines[0] == "## Population"
+    assert "| **2** (winner) | 0.0003 | 0.9 | 0.700 | -0.700 | 0.045 | 0.000 |" in lines
+    assert population_section({"val": {}}) == []
+
+
+def test_h1_dsr_trials_are_every_agent_of_every_member_at_every_epoch(tmp_path):
+    with RunLogger(tmp_path, tensorboard=False, console=False) as log:
+        for e in range(1, 4):
+            log.log_epoch(
+                {"epoch": e, "val_sharpe": 0.1, "val_sharpe_seeds": [0.1 * e, 0.2, 0.3, 0.4]}
+            )
+    sharpes, what = run_statistics.selection_trials(tmp_path, members=2)
+    assert sharpes.size == 12
+    assert what.startswith("members × seeds × checkpoints compared on val: 2 × 2 × 3")

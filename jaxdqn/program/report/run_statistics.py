@@ -43,10 +43,11 @@ STRESS_METRICS = ("sharpe", "annual_return", "max_drawdown", "annual_turnover")
 """Metrics of each cost-stress row (per seed and the seed mean)."""
 
 
-def selection_trials(run_dir: str | os.PathLike) -> tuple[np.ndarray | None, str]:
-    """``(annualised val Sharpes [N], description)`` of every (epoch, seed) in the run's
+def selection_trials(run_dir: str | os.PathLike, members: int = 1) -> tuple[np.ndarray | None, str]:
+    """``(annualised val Sharpes [N], description)`` of every (epoch, agent) in the run's
     ``metrics.jsonl`` (``val_sharpe_seeds``, or ``val_sharpe`` with one seed; non-finite values
-    dropped); ``(None, ...)`` when there is none."""
+    dropped); ``(None, ...)`` when there is none. ``members``: a population's member count (its
+    agents are members × seeds, every one a trial)."""
     records = []
     for r in read_metrics(run_dir):
         v = r.get(_VAL_SHARPE_SEEDS, r.get(_VAL_SHARPE))
@@ -66,6 +67,11 @@ def selection_trials(run_dir: str | os.PathLike) -> tuple[np.ndarray | None, str
         f"seeds × checkpoints compared on val: {width} × {len(records)}, each seed's val Sharpe "
         "at each epoch"
     )
+    if members > 1:
+        what = (
+            f"members × seeds × checkpoints compared on val: {members} × {width // members} × "
+            f"{len(records)}, each agent's val Sharpe at each epoch"
+        )
     return (flat if flat.size else None), what
 
 

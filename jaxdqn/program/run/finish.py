@@ -128,7 +128,7 @@ def finish(
             {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
         )
 
-    trials = run_statistics.selection_trials(run_dir)
+    trials = run_statistics.selection_trials(run_dir, population_size(cfg) // cfg.train.num_seeds)
     stats = {
         split: run_statistics.split_statistics(
             cfg, stat_logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year

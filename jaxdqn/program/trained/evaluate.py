@@ -128,7 +128,7 @@ def evaluate_run(
         stat_logs,
         base_logs,
         split,
-        run_statistics.selection_trials(run_dir),
+        run_statistics.selection_trials(run_dir, population_size(cfg) // cfg.train.num_seeds),
         bars_per_year=prepared.bars_per_year,
     )
     payload = {
