@@ -124,7 +124,7 @@ def test_h1_members_equal_their_separate_runs():
         np.testing.assert_array_equal(pop.replay.storage.action[i], one.replay.storage.action[0])
 
 
-def test_h1_members_average_their_seeds_and_the_best_val_wins():
+def test_h1_members_average_their_seeds_and_the_best_val_wins(tmp_path):
     cfg = config.load(CONFIGS / "smoke.yaml", [*GRID, "train.num_seeds=2"])
     val = [0.1, 0.3, -0.5, 0.1, 0.9, 0.5, float("nan"), 0.2]  # agents, member-major
     per_agent = [
@@ -144,6 +144,9 @@ def test_h1_members_average_their_seeds_and_the_best_val_wins():
     assert lines[0] == "## Population"
     assert "| **2** (winner) | 0.0003 | 0.9 | 0.700 | -0.700 | 0.045 | 0.000 |" in lines
     assert population_section({"val": {}}) == []
+    with_plot = population_section({"members": entries, "winner": winner}, tmp_path)
+    assert with_plot[-2] == "![members](members.png)"
+    assert (tmp_path / "members.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_h1_dsr_trials_are_every_agent_of_every_member_at_every_epoch(tmp_path):

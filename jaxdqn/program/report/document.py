@@ -385,7 +385,7 @@ def write_report(run_dir: str | os.PathLike) -> Path:
 
     lines = _run_section(run_dir, summary, records, cfg)
     if summary is not None:
-        lines += _results_section(summary) + population_section(summary)
+        lines += _results_section(summary) + population_section(summary, run_dir)
         lines += panel_section.panel_section(summary, run_dir, SPLITS)
         lines += statistics_section.statistics_section(summary, SPLITS)
         lines += statistics_section.cost_stress_section(summary, run_dir)

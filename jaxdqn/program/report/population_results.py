@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from jaxdqn.config import Config
 from jaxdqn.config.members import members, population_grid
-from jaxdqn.program.records.formats import cell, markdown_table
+from jaxdqn.program.records.formats import as_float, cell, markdown_table
+from jaxdqn.program.report.plots import add_legend, save_png
 
-__all__ = ["SELECTED_ON", "member_entries", "population_section"]
+__all__ = ["MEMBERS_PNG", "SELECTED_ON", "member_entries", "plot_members", "population_section"]
 
+MEMBERS_PNG = "members.png"
 SELECTED_ON = "the highest mean val Sharpe over the member's seeds"
 
 
@@ -54,9 +58,30 @@ def member_entries(
     return out, winner
 
 
-def population_section(summary: Mapping[str, Any]) -> list[str]:
+def plot_members(run_dir: Path, entries: Sequence[Mapping[str, Any]], winner: Any) -> str:
+    """``members.png``: every member's val and test Sharpe side by side, the winner's label
+    starred; returns the file name."""
+    names = [("★ " if e["member"] == winner else "") + str(e["member"]) for e in entries]
+    x = np.arange(len(entries))
+    fig = Figure(figsize=(max(6.0, 0.5 * len(entries) + 2), 3.5))
+    ax = fig.add_subplot()
+    for i, split in enumerate(("val", "test")):
+        values = [as_float(e[split].get("sharpe")) for e in entries]
+        ax.bar(x + (i - 0.5) * 0.4, np.nan_to_num(values), 0.4, label=f"{split} Sharpe")
+    ax.axhline(0.0, color="0.6", linewidth=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, fontsize=8)
+    ax.set_xlabel("member (★ the winner, selected on val)")
+    ax.set_ylabel("Sharpe (annualised)")
+    ax.grid(alpha=0.3, axis="y")
+    add_legend(ax)
+    return save_png(fig, Path(run_dir) / MEMBERS_PNG)
+
+
+def population_section(summary: Mapping[str, Any], run_dir: Path | None = None) -> list[str]:
     """The report's "Population" section: one row per member (its values, val and test
-    Sharpe and return), the winner marked; nothing for an ordinary run."""
+    Sharpe and return), the winner marked, and with ``run_dir`` the plot of
+    :func:`plot_members`; nothing for an ordinary run."""
     entries = summary.get("members")
     if not entries:
         return []
@@ -78,4 +103,5 @@ def population_section(summary: Mapping[str, Any]) -> list[str]:
         "",
         *markdown_table(head, rows),
         "",
+        *([f"![members]({plot_members(run_dir, entries, winner)})", ""] if run_dir else []),
     ]
