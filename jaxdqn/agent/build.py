@@ -28,7 +28,15 @@ from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.model import network
 from jaxdqn.shards import ONE_DEVICE, Shards
 
-__all__ = ["SHARDED_FIELDS", "Agent", "build_agent", "make_init", "make_replay"]
+__all__ = [
+    "SHARDED_FIELDS",
+    "Agent",
+    "build_agent",
+    "make_init",
+    "make_population_values",
+    "make_replay",
+    "with_members",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,10 +229,19 @@ def make_init(agent: Agent, *, num_seeds: int | None = None):
     fn = lambda market, key: init_train_state(agent, market, key)
     if num_seeds is not None:
         fn = jax.vmap(fn, in_axes=(None, 0))
-    if agent.members is not None:  # a population: every agent with its member's values
-        size = agent.members.lr.shape[0]
-        if num_seeds != size:
-            raise ValueError(f"make_init: {num_seeds} agents for a population of {size}")
-        init = fn
-        fn = lambda market, keys: init(market, keys).replace(members=agent.members)
-    return jax.jit(fn)
+    return jax.jit(with_members(agent, fn, num_seeds))
+
+
+def with_members(agent: Agent, init, num_seeds: int | None):
+    """``init`` whose states carry ``agent.members`` (a population: every agent its member's
+    values); ``init`` itself without a population.
+
+    Raises:
+      ValueError: ``num_seeds`` agents for a population of another size.
+    """
+    if agent.members is None:
+        return init
+    size = agent.members.lr.shape[0]
+    if num_seeds != size:
+        raise ValueError(f"make_init: {num_seeds} agents for a population of {size}")
+    return lambda market, keys: init(market, keys).replace(members=agent.members)

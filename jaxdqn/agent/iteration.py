@@ -18,7 +18,6 @@ is an argument (not a baked constant), and the state is donated by :func:`make_i
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import chex
@@ -84,10 +83,8 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
 def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
     """n-step transitions of the rollout into replay; the dynamics observe its rewards (L5)."""
     reward = rollout.reward * agent.reward_scale
-    accumulate = agent.nstep.update
-    if state.members is not None:  # a population member's own γ
-        accumulate = functools.partial(nstep_lib.update, n=agent.nstep.n, gamma=state.members.gamma)
-    nstep_state, trans, valid = accumulate(
+    gamma = agent.nstep.gamma if state.members is None else state.members.gamma  # its own γ
+    nstep_state, trans, valid = nstep_lib.update(
         state.nstep,
         rollout.obs,
         rollout.actions,
@@ -95,6 +92,8 @@ def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
         rollout.done,
         state.obs,
         rollout.selectivity,
+        n=agent.nstep.n,
+        gamma=gamma,
     )
     flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
     scale = flat.selectivity if agent.selectivity else jnp.ones_like(flat.reward)

@@ -163,9 +163,8 @@ class LearnerSpec(NamedTuple):
     """What the update's program is made of (static: a change recompiles)."""
 
     batch_size: int  # this device's rows B/D
-    importance_weights: (
-        bool  # L8 IS weights (off: 1; :func:`jaxdqn.agent.resolve.replay_weighting`)
-    )
+    # L8 IS weights (off: all 1; :func:`jaxdqn.agent.resolve.replay_weighting`)
+    importance_weights: bool
     rank_rewards: bool  # L5
     hard_target: bool  # L2: periodic copy (else Polyak)
     target_period: int  # updates between hard copies
@@ -185,7 +184,7 @@ class LearnerHypers(NamedTuple):
     temperature_floor: Any  # L2 Boltzmann temperature floor in Q units
     entropy_base: Any  # L4 base coefficient
     loss: LossCoefficients  # the total loss's weights
-    gamma_n: Any = None  # L7's γⁿ (None: the one the dynamics were built with)
+    gamma_n: Any  # L7's bootstrap discount γⁿ
 
 
 class Pieces(NamedTuple):
@@ -321,11 +320,10 @@ def step(
         polyak_rate=hypers.polyak_rate,
     )
     seen = observation(parts, batch, inputs.target, spec.shards)
-    rates = pieces.dynamics.rates
-    if hypers.gamma_n is not None:
-        rates = rates._replace(gamma_n=hypers.gamma_n)
-    observe = functools.partial(dynamics_lib.observe_batch, liquid=pieces.dynamics.liquid)
-    dyn, dyn_metrics = observe(state.dynamics, seen, rates=rates)
+    rates = pieces.dynamics.rates._replace(gamma_n=hypers.gamma_n)
+    dyn, dyn_metrics = dynamics_lib.observe_batch(
+        state.dynamics, seen, rates=rates, liquid=pieces.dynamics.liquid
+    )
     new_state = state.replace(
         params=params,
         target_params=target_params,
@@ -415,6 +413,7 @@ def make_learner(
         temperature_floor=resolved.temperature_floor,
         entropy_base=loss_cfg.entropy_base,
         loss=pieces.loss.coefficients,
+        gamma_n=resolved.gamma_n,
     )
     bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
     return Learner(

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxdqn.agent import iteration as iteration_lib
-from jaxdqn.agent.build import SHARDED_FIELDS, Agent, init_train_state
+from jaxdqn.agent.build import SHARDED_FIELDS, Agent, init_train_state, with_members
 from jaxdqn.agent.build import make_init as build_init
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import ConfigError
@@ -203,9 +203,7 @@ def make_init(agent: Agent, layout: Layout):
     if layout.mesh is None:
         return build_init(agent, num_seeds=layout.num_seeds)
     fn = jax.vmap(lambda market, key: init_train_state(agent, market, key), in_axes=(None, 0))
-    if agent.members is not None:  # a population: every agent with its member's values
-        init = fn
-        fn = lambda market, keys: init(market, keys).replace(members=agent.members)
+    fn = with_members(agent, fn, layout.num_seeds)
     return jax.jit(fn, out_shardings=_named(layout, _field_specs(layout)))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
@@ -25,6 +26,7 @@ __all__ = [
     "agent_base_lrs",
     "load",
     "members",
+    "num_members",
     "population_grid",
     "population_size",
 ]
@@ -78,9 +80,14 @@ def members(cfg: Config) -> tuple[Member, ...]:
     return tuple(out)
 
 
+def num_members(cfg: Config) -> int:
+    """``M``: the members of ``cfg``'s population (the grid's size; 1 without one)."""
+    return math.prod(len(v) for v in population_grid(cfg.population).values())
+
+
 def population_size(cfg: Config) -> int:
     """``P = M · S``: the agents the run trains (members × ``train.num_seeds``)."""
-    return len(members(cfg)) * cfg.train.num_seeds
+    return num_members(cfg) * cfg.train.num_seeds
 
 
 def agent_base_lrs(cfg: Config) -> tuple[float, ...] | None:

@@ -34,7 +34,7 @@ from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.config import Config
-from jaxdqn.config.members import population_size
+from jaxdqn.config.members import num_members, population_size
 from jaxdqn.evaluation import baselines, panel_baselines
 from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
 from jaxdqn.market.market import PanelPrepared, Prepared
@@ -128,7 +128,7 @@ def finish(
             {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
         )
 
-    trials = run_statistics.selection_trials(run_dir, population_size(cfg) // cfg.train.num_seeds)
+    trials = run_statistics.selection_trials(run_dir, num_members(cfg))
     stats = {
         split: run_statistics.split_statistics(
             cfg, stat_logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year

@@ -101,11 +101,9 @@ def apply_schedule(
     opt_state = state.opt_state
     if sched.restart:
         opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, moment_scale))(opt_state)
-    if isinstance(sched.lr, tuple):
-        lrs = np.asarray(sched.lr, np.float32)
-        opt_state = jax.vmap(optim.set_learning_rate)(opt_state, lrs)
-    else:
-        opt_state = jax.vmap(lambda o: optim.set_learning_rate(o, sched.lr))(opt_state)
+    # one learning rate per agent (an ordinary run: the same for all)
+    lrs = np.broadcast_to(np.asarray(sched.lr, np.float32), state.updates.shape)
+    opt_state = jax.vmap(optim.set_learning_rate)(opt_state, lrs)
     # set_host_inputs broadcasts to the stored [S] shape as float32.
     host_inputs = dynamics.set_host_inputs(
         state.dynamics,

@@ -40,7 +40,7 @@ import pandas as pd
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.config.members import population_size
+from jaxdqn.config.members import num_members, population_size
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.program.records.formats import to_jsonable
@@ -128,7 +128,7 @@ def evaluate_run(
         stat_logs,
         base_logs,
         split,
-        run_statistics.selection_trials(run_dir, population_size(cfg) // cfg.train.num_seeds),
+        run_statistics.selection_trials(run_dir, num_members(cfg)),
         bars_per_year=prepared.bars_per_year,
     )
     payload = {
