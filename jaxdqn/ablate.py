@@ -153,6 +153,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     # Bad config or data is refused here, once, before any variant starts.
     cfg = cli.load_config(args)
+    cli.require_test_walk(cfg, "an ablation")
     from jaxdqn.market import market as market_setup  # (after the config: --help stays fast)
 
     market_setup.prepare(cfg)

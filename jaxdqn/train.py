@@ -134,11 +134,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     if summary is None:  # a process other than 0 under jax.distributed: it writes nothing
         return 0
-    test = summary["test"]
-    bh = summary["baselines"].get("buy_and_hold", {}).get("test", {})
+    split = "test" if "test" in summary else "val"  # eval.walk_test=false: val only
+    bh = summary["baselines"].get("buy_and_hold", {}).get(split, {})
     print(
-        f"done: best epoch {summary['best_epoch']}, test Sharpe {test['sharpe']:.3f} "
-        f"(buy-and-hold {bh.get('sharpe', float('nan')):.3f}); report: {run_dir / 'report.md'}",
+        f"done: best epoch {summary['best_epoch']}, {split} Sharpe "
+        f"{summary[split]['sharpe']:.3f} (buy-and-hold {bh.get('sharpe', float('nan')):.3f}); "
+        f"report: {run_dir / 'report.md'}",
         flush=True,
     )
     return 0

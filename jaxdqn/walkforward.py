@@ -95,6 +95,7 @@ def _main(argv: Sequence[str] | None) -> int:
         cfg = config_lib.load(saved)
     else:
         cfg = cli.load_config(args)
+        cli.require_test_walk(cfg, "a walk-forward")
         run_dir = choose_run_dir(args.run_dir)
     runtime.configure_from_args(args)
 

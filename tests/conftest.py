@@ -78,6 +78,7 @@ def pytest_unconfigure(config):
 # loadfile``) in collection order (``--no-loadscope-reorder``), so starting with the longest
 # ones keeps both workers busy to the end instead of leaving one module running alone.
 HEAVY_FIRST = (
+    "test_sweep.py",
     "test_train.py",
     "test_scale.py",
     "test_scale_runs.py",

@@ -15,7 +15,8 @@ a higher layer or a sibling package of its own layer:
          6c  program.run
          6d  program.walkforward
          6e  program.trained
-    7  jaxdqn.train | evaluate | predict | export | baselines | ablate | walkforward  thin
+         6f  program.sweep
+    7  jaxdqn.train | evaluate | predict | export | baselines | ablate | walkforward | sweep  thin
        ``python -m`` entry points
 
 A module belongs to the longest package of LAYERS that holds it. The two package faces
@@ -45,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("jaxdqn.program.run",),
     ("jaxdqn.program.walkforward",),
     ("jaxdqn.program.trained",),
+    ("jaxdqn.program.sweep",),
     (
         "jaxdqn.train",
         "jaxdqn.evaluate",
@@ -53,10 +55,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "jaxdqn.baselines",
         "jaxdqn.ablate",
         "jaxdqn.walkforward",
+        "jaxdqn.sweep",
     ),
 )
 FACES = ("jaxdqn", "jaxdqn.program")
-PROGRAM_ROOMS = ("records", "checkpoints", "launch", "report", "run", "walkforward", "trained")
+PROGRAM_ROOMS = (
+    "records",
+    "checkpoints",
+    "launch",
+    "report",
+    "run",
+    "walkforward",
+    "trained",
+    "sweep",
+)
 MAX_LINES = 500
 MAX_PROGRAM_LINES = 400
 MAX_LOOP_LINES = 250

@@ -175,6 +175,12 @@ class EvalConfig:
         "mean or the median over instruments of each instrument's metric",
         choices=("mean", "median"),
     )
+    walk_test: bool = _f(
+        True,
+        "walk the best checkpoint on test at the end of the run (and the baselines, the test "
+        "statistics and the cost stress); a sweep's trials set false: test is walked only for "
+        "the search's winner, after the search (python -m jaxdqn.sweep)",
+    )
 
 
 @dataclass(frozen=True)

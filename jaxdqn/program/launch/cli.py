@@ -29,6 +29,7 @@ __all__ = [
     "config_help",
     "load_config",
     "make_parser",
+    "require_test_walk",
     "run_main",
 ]
 
@@ -71,6 +72,16 @@ def make_parser(prog: str, description: str) -> argparse.ArgumentParser:
         help="dotted config overrides, e.g. data.source=synthetic env.max_leverage=2",
     )
     return parser
+
+
+def require_test_walk(cfg: Config, program: str) -> None:
+    """Raises ConfigError when ``cfg`` has ``eval.walk_test=false`` and ``program`` judges its
+    runs on test (a walk-forward's folds, an ablation's variants)."""
+    if not cfg.eval.walk_test:
+        raise ConfigError(
+            f"eval.walk_test=false: {program} judges its runs on their test walks (false is "
+            "for a sweep's trials: python -m jaxdqn.sweep)"
+        )
 
 
 def add_checkpoint_argument(parser: argparse.ArgumentParser) -> None:

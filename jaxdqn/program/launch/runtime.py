@@ -51,6 +51,7 @@ __all__ = [
     "MIN_COMPILE_SECONDS",
     "XLA_FLAGS",
     "add_arguments",
+    "arguments_of",
     "configure",
     "configure_from_args",
     "default_cache_dir",
@@ -109,6 +110,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="do not add jaxdqn's XLA flags (GPU command buffers, CPU kernels without YNNPACK "
         "fusions) to XLA_FLAGS",
     )
+
+
+def arguments_of(args: argparse.Namespace) -> list[str]:
+    """The options of :func:`add_arguments` that ``args`` set, as a command line (what a child
+    process of the same program is started with)."""
+    out = ["--compile-cache", str(args.compile_cache)] if args.compile_cache else []
+    out += ["--no-compile-cache"] if args.no_compile_cache else []
+    return out + (["--no-xla-flags"] if args.no_xla_flags else [])
 
 
 def configure(

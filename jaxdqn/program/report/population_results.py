@@ -37,10 +37,12 @@ def member_entries(
     cfg: Config, per_agent: Sequence[Mapping[str, Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
     """``(members, winner)`` of ``cfg``'s population from every agent's ``{"val", "test"}``
-    metrics (member-major, as the run's agents); None without a population."""
+    metrics (member-major, as the run's agents; ``"test"`` absent when the run did not walk
+    test, ``eval.walk_test``); None without a population."""
     if not population_grid(cfg.population):
         return None
     s = cfg.train.num_seeds
+    splits = [split for split in ("val", "test") if split in per_agent[0]]
     out = []
     for i, m in enumerate(members(cfg)):
         agents = list(range(i * s, (i + 1) * s))
@@ -48,10 +50,8 @@ def member_entries(
             k: float(np.nanmean([per_agent[p][split][k] for p in agents]))
             for k in per_agent[agents[0]][split]
         }
-        out.append(
-            {"member": i, "overrides": m.overrides, "agents": agents, "val": mean("val"),
-             "test": mean("test")}
-        )  # fmt: skip
+        entry = {"member": i, "overrides": m.overrides, "agents": agents}
+        out.append(entry | {split: mean(split) for split in splits})
     score = lambda e: e["val"]["sharpe"] if math.isfinite(e["val"]["sharpe"]) else -math.inf
     best = max(out, key=score)
     winner = {"member": best["member"], "overrides": best["overrides"], "selected_on": SELECTED_ON}
@@ -66,7 +66,7 @@ def plot_members(run_dir: Path, entries: Sequence[Mapping[str, Any]], winner: An
     fig = Figure(figsize=(max(6.0, 0.5 * len(entries) + 2), 3.5))
     ax = fig.add_subplot()
     for i, split in enumerate(("val", "test")):
-        values = [as_float(e[split].get("sharpe")) for e in entries]
+        values = [as_float((e.get(split) or {}).get("sharpe")) for e in entries]
         ax.bar(x + (i - 0.5) * 0.4, np.nan_to_num(values), 0.4, label=f"{split} Sharpe")
     ax.axhline(0.0, color="0.6", linewidth=0.8)
     ax.set_xticks(x)
@@ -92,7 +92,8 @@ def population_section(summary: Mapping[str, Any], run_dir: Path | None = None) 
     for e in entries:
         name = f"**{e['member']}** (winner)" if e["member"] == winner else str(e["member"])
         values = [f"{e['overrides'][k]:g}" for k in keys]
-        metrics = [cell(e[s].get(k)) for k in ("sharpe", "annual_return") for s in ("val", "test")]
+        got = lambda split, key, e=e: cell((e.get(split) or {}).get(key))
+        metrics = [got(s, k) for k in ("sharpe", "annual_return") for s in ("val", "test")]
         rows.append([name, *values, metrics[0], metrics[1], metrics[2], metrics[3]])
     return [
         "## Population",

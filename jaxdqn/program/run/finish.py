@@ -7,7 +7,8 @@ val and test with :func:`jaxdqn.program.run.walks.walk_seed`; the summary's ``va
 are the means over seeds (NaN ignored) and, with several seeds, ``seeds`` lists each seed's.
 ``statistics`` holds, per split, the population statistics of the seeds' walks against the baselines
 (:mod:`jaxdqn.program.report.run_statistics`: bootstrap intervals, PSR, DSR over every val Sharpe
-the selection saw, SPA; ``eval.bootstrap_reps`` replications); ``cost_stress`` the test walk of
+the selection saw, SPA; ``eval.bootstrap_reps`` replications; a population's are its winner's
+agents'); ``cost_stress`` the test walk of
 every seed at each of ``eval.cost_multiples`` × the configured costs (default 0×, 1×, 2×, 3×; 1× is
 the test walk itself); ``bar_clock`` the bars per year of every annualised number
 (:mod:`jaxdqn.market.clock`), whether it was inferred and how.
@@ -81,15 +82,16 @@ def finish(
         if not placed.primary:
             return None
     num_seeds = population_size(cfg)  # every agent: members × seeds
-    logs: dict[str, list[pd.DataFrame]] = {split: [] for split in SPLITS}
-    walks: dict[str, list[Any]] = {split: [] for split in SPLITS}
+    splits = SPLITS if cfg.eval.walk_test else ("val",)
+    logs: dict[str, list[pd.DataFrame]] = {split: [] for split in splits}
+    walks: dict[str, list[Any]] = {split: [] for split in splits}
     per_seed = []
     multiples = cfg.eval.cost_multiples
     stressed = [k for k in multiples if k != 1.0]
     stress_walks = []
     for s in range(num_seeds):
         seed_metrics = {}
-        for split in SPLITS:
+        for split in splits:
             res = walk_seed(agent, prepared, cfg.eval, best, split, s)
             logs[split].append(res.log)
             walks[split].append(res)
@@ -104,38 +106,49 @@ def finish(
     base_logs: dict[tuple[str, str], pd.DataFrame] = {}
     stat_logs, panel = logs, {}
     if prepared.is_panel:
-        base = panel_baselines.run_panel_baselines(cfg, prepared)
+        base = panel_baselines.run_panel_baselines(cfg, prepared, splits=splits)
         table = base.table
         stat_logs, base_logs = panel_results.portfolio_logs(walks, base)
         for split, frames in stat_logs.items():
             results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
-        panel_results.write_instrument_baselines(run_dir, base, SPLITS)
+        panel_results.write_instrument_baselines(run_dir, base, splits)
         panel = panel_results.panel_entries(cfg, prepared, walks, base, (stat_logs, base_logs))
     else:
-        table = baselines.run_baselines(cfg, prepared, logs=base_logs)
+        table = baselines.run_baselines(cfg, prepared, splits=splits, logs=base_logs)
     base_summary = {
-        name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in SPLITS}
+        name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in splits}
         for name in table.index
     }
     if baselines.oracle_execution(table) is not None:
         base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
     # the equity plot draws the baselines, not each of the oracle's executions
     drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
-    for split in SPLITS:
+    for split in splits:
         results.write_baseline_equity(
             run_dir / f"baselines_{split}.csv",
             stat_logs[split][0]["date"],
             {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
         )
 
+    population = population_results.member_entries(cfg, per_seed)
+    # a population's statistics are its winner's agents' (every agent is a trial of the DSR)
+    chosen = population[0][population[1]["member"]]["agents"] if population else None
     trials = run_statistics.selection_trials(run_dir, num_members(cfg))
     stats = {
         split: run_statistics.split_statistics(
-            cfg, stat_logs[split], base_logs, split, trials, bars_per_year=prepared.bars_per_year
+            cfg,
+            stat_logs[split] if chosen is None else [stat_logs[split][p] for p in chosen],
+            base_logs,
+            split,
+            trials,
+            bars_per_year=prepared.bars_per_year,
         )
-        for split in SPLITS
+        for split in splits
     }
 
+    stress = None  # the test walk at multiples of the costs (none without a test walk)
+    if stress_walks:
+        stress = run_statistics.cost_stress_table(prepared.env_params, multiples, stress_walks)
     mean = lambda split: {
         k: float(np.nanmean([m[split][k] for m in per_seed])) for k in per_seed[0][split]
     }
@@ -148,14 +161,11 @@ def finish(
             "volume": prepared.has_volume,
             "held_branches": dict(HELD) if prepared.close_only else {},
         },
-        "val": mean("val"),
-        "test": mean("test"),
+        **{split: mean(split) for split in splits},
         "baselines": base_summary,
         **panel,
         "statistics": stats,
-        "cost_stress": run_statistics.cost_stress_table(
-            prepared.env_params, multiples, stress_walks
-        ),
+        **({"cost_stress": stress} if stress is not None else {}),
         "wall_time_s": time.time() - start_wall,
         "epochs": run.epoch,
         "rewinds": run.rewinds,
@@ -164,11 +174,10 @@ def finish(
     }
     if num_seeds > 1:
         summary["seeds"] = per_seed
-    population = population_results.member_entries(cfg, per_seed)
     if population is not None:  # the run's results are its winner's (selected on val)
         summary["members"], summary["winner"] = population
-        chosen = summary["members"][summary["winner"]["member"]]
-        summary["val"], summary["test"] = chosen["val"], chosen["test"]
+        entry = summary["members"][summary["winner"]["member"]]
+        summary.update({split: entry[split] for split in splits})
     results.write_summary(run_dir, summary)
     document.write_report(run_dir)
     return summary

@@ -80,11 +80,23 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def evaluate_run(
-    run_dir: Path, split: str, which: str | int, overrides: Sequence[str], out: Path
+    run_dir: Path,
+    split: str,
+    which: str | int,
+    overrides: Sequence[str],
+    out: Path,
+    *,
+    trials: tuple[Any, str] | None = None,
+    agents: Sequence[int] | None = None,
 ) -> Evaluation:
     """Walk checkpoint ``which`` (best, latest or a step) of ``run_dir`` over ``split`` with
     ``overrides`` on its saved config, and write the files of the module docstring into
     ``out``.
+
+    ``trials``: the DSR's ``(val Sharpes, description)`` (default: the run's own,
+    :func:`~jaxdqn.program.report.run_statistics.selection_trials`; a sweep passes every trial
+    of the search). ``agents``: walk only these agents (a population's winning member's; the
+    payload's ``seeds`` and ``agents`` follow them); default every agent.
 
     Raises:
       ConfigError: no config.yaml or checkpoint (or not that step), or a bad override.
@@ -108,9 +120,12 @@ def evaluate_run(
     prepared = market_lib.prepare(cfg)
     agent = build_agent(cfg, prepared)
     num_seeds = population_size(cfg)  # every agent: members × seeds
+    chosen = list(range(num_seeds)) if agents is None else [int(a) for a in agents]
+    if not chosen or not all(0 <= a < num_seeds for a in chosen):
+        raise ConfigError(f"agents {chosen}: the run has agents 0..{num_seeds - 1}")
     state, step = load.restore_state(run_dir, cfg, agent, prepared, which)
     out.mkdir(parents=True, exist_ok=True)
-    results = [walk_seed(agent, prepared, cfg.eval, state, split, s) for s in range(num_seeds)]
+    results = [walk_seed(agent, prepared, cfg.eval, state, split, s) for s in chosen]
     log_path = write_eval_log(out / f"eval_{split}.csv", [r.log for r in results])
     base_logs: dict = {}
     stat_logs, panel = [r.log for r in results], {}
@@ -128,7 +143,7 @@ def evaluate_run(
         stat_logs,
         base_logs,
         split,
-        run_statistics.selection_trials(run_dir, num_members(cfg)),
+        trials or run_statistics.selection_trials(run_dir, num_members(cfg)),
         bars_per_year=prepared.bars_per_year,
     )
     payload = {
@@ -138,6 +153,7 @@ def evaluate_run(
         "overrides": list(overrides),
         "bar_clock": prepared.bar_clock.to_json(),
         "seeds": [r.metrics for r in results],
+        **({"agents": chosen} if agents is not None else {}),
         "statistics": stats,
         **panel,
     }

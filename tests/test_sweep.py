@@ -1,0 +1,310 @@
+"""Issue 32, searches beyond one program (docs/DESIGN.md, H2): ``python -m jaxdqn.sweep`` on
+Optuna — the sweep file, the study's bookkeeping, two workers sharing one SQLite study with one
+of them killed mid-trial, ``--resume``, and the Deflated Sharpe Ratio's N over every trial."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxdqn.config import ConfigError
+from jaxdqn.program.sweep import space, study
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "configs" / "smoke.yaml"
+FAST = ["train.epochs=2", "eval.bootstrap_reps=50"]
+
+
+def _spec_file(tmp_path: Path, name: str = "sweep.yaml", **fields) -> Path:
+    tree = {
+        "study": "t",
+        "config": str(SMOKE),
+        "overrides": FAST,
+        "trials": 2,
+        "sampler": "random",
+        "space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "log": True}},
+    }
+    tree.update(fields)
+    path = tmp_path / name
+    path.write_text(json.dumps(tree))  # JSON is YAML
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"space": {"optim.lr": {"low": 1e-3, "high": 1e-4}}}, "low must be below high"),
+        ({"space": {"optim.lr": {"low": 0, "high": 1e-3, "log": True}}}, "log range needs low"),
+        ({"space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "size": 2}}}, "unknown fields"),
+        ({"space": {"model.nope": {"choices": [1, 2]}}}, "space.model.nope"),
+        ({"space": {"replay.batch_size": {"low": 0, "high": 64}}}, "replay.batch_size"),
+        ({"space": {"seed": {"choices": [0, 1]}}}, "luck is not a hyperparameter"),
+        ({"space": {"population.optim.lr": {"choices": [0.1, 0.2]}}}, "fixed override"),
+        ({"space": {"eval.walk_test": {"choices": [True, False]}}}, "may not be searched"),
+        ({"overrides": ["eval.walk_test=true"]}, "trials never walk test"),
+        ({"overrides": ["model.sh1=-3"]}, "base config"),
+        ({"trials": 0}, "trials: expected an integer >= 1"),
+        ({"sampler": "cmaes"}, "sampler"),
+        ({"colour": "red"}, "unknown fields ['colour']"),
+        ({"space": {"optim.lr": {"choices": [0.1]}}}, "two or more values"),
+    ],
+)
+def test_h2_sweep_file_errors_name_the_field(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=None) as e:
+        space.load_spec(_spec_file(tmp_path, **fields))
+    assert message in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_h2_trial_overrides_hold_the_values_and_never_walk_test(tmp_path):
+    spec = space.load_spec(
+        _spec_file(
+            tmp_path,
+            space={
+                "optim.lr": {"low": 1e-4, "high": 1e-3, "log": True},
+                "replay.batch_size": {"low": 32, "high": 128, "step": 32},
+                "eval.policy": {"choices": ["greedy", "boltzmann"]},
+            },
+        )
+    )
+    kinds = [p.kind for p in spec.space]
+    assert kinds == ["float", "int", "choice"]
+    values = {"optim.lr": 0.000123456789, "replay.batch_size": 64, "eval.policy": "boltzmann"}
+    over = space.trial_overrides(spec, values)
+    assert over == [
+        *FAST,
+        "eval.walk_test=false",
+        "optim.lr=0.000123456789",
+        "replay.batch_size=64",
+        "eval.policy=boltzmann",
+    ]
+    cfg = spec.base_config(over[len(FAST) + 1 :])
+    assert cfg.optim.lr == 0.000123456789 and cfg.replay.batch_size == 64
+    assert cfg.eval.policy == "boltzmann" and cfg.eval.walk_test is False
+    # the identity ignores the budget (a resumed study may raise it), not the space
+    more = space.load_spec(_spec_file(tmp_path, "b.yaml", trials=9))
+    other = space.load_spec(
+        _spec_file(tmp_path, "c.yaml", space={"optim.lr": {"low": 1e-4, "high": 2e-3}})
+    )
+    base = space.load_spec(_spec_file(tmp_path))
+    assert base.identity() == more.identity() != other.identity()
+
+
+def test_h2_a_dead_workers_trial_is_requeued_to_resume_its_run(tmp_path):
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    spec = space.load_spec(_spec_file(tmp_path))
+    url = study.default_storage(tmp_path)
+    st = study.open_study(spec, url, resume=False, heartbeat_s=1)
+    dist = {"optim.lr": FloatDistribution(1e-4, 1e-3, log=True)}
+
+    def add(state, lr, **attrs):
+        value = 0.5 if state == TrialState.COMPLETE else None
+        params = {"optim.lr": lr}
+        st.add_trial(create_trial(state=state, value=value, params=params, distributions=dist,
+                                  user_attrs=attrs))  # fmt: skip
+
+    add(TrialState.COMPLETE, 2e-4, run_dir="trials/trial_0000")
+    add(TrialState.FAIL, 3e-4, run_dir="trials/trial_0001")
+    dead = st.get_trials()[1]
+    study.requeue(st, dead)
+    waiting = [t for t in st.get_trials() if t.state == TrialState.WAITING]
+    assert len(waiting) == 1
+    assert waiting[0].system_attrs["fixed_params"] == {"optim.lr": 3e-4}  # its values
+    assert waiting[0].user_attrs == {"resumes": 1, "run_dir": "trials/trial_0001", "retries": 1}
+    assert study.counts(st) == study.Counts(complete=1, running=0, waiting=1, failed=0, died=1)
+    # a trial requeued MAX_RETRIES times is failed for good
+    add(TrialState.FAIL, 4e-4, run_dir="trials/trial_0003", retries=study.MAX_RETRIES)
+    study.requeue(st, st.get_trials()[-1])
+    assert study.counts(st).failed == 1 and study.counts(st).waiting == 1
+    # the same study from another sweep file is refused; --resume needs the study
+    other = space.load_spec(
+        _spec_file(tmp_path, "c.yaml", space={"optim.lr": {"low": 1e-4, "high": 2e-3}})
+    )
+    with pytest.raises(ConfigError, match="started from another sweep file"):
+        study.open_study(other, url, resume=True)
+    lost = space.load_spec(_spec_file(tmp_path, "d.yaml", study="lost"))
+    with pytest.raises(ConfigError, match="--resume: no study 'lost'"):
+        study.open_study(lost, url, resume=True)
+    assert isinstance(st, optuna.Study)
+    assert study.redact("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def _sweep(args, cwd, **kw) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "jaxdqn.sweep", *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, **kw)
+
+
+def test_h2_sweep_refuses_bad_input_with_one_line(tmp_path):
+    bad = _spec_file(tmp_path, space={"optim.lr": {"low": 1e-3, "high": 1e-4}})
+    r = _sweep([bad, "--dir", tmp_path / "s"], tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "low must be below high" in r.stderr
+    r = _sweep([_spec_file(tmp_path), "--dir", tmp_path / "s", "--resume"], tmp_path, timeout=120)
+    assert r.returncode == 2 and "--resume: no study 't'" in r.stderr, r.stderr
+    from jaxdqn import walkforward
+
+    assert walkforward.main(["--config", str(SMOKE), "eval.walk_test=false"]) == 2
+
+
+def _started(log: Path) -> int | None:
+    """The trial a worker's log says it is running (its last "started" line)."""
+    lines = [ln for ln in log.read_text().splitlines() if ": started" in ln]
+    return int(lines[-1].split()[1].rstrip(":")) if lines else None
+
+
+def _mid_trial(sweep_dir: Path, number: int) -> bool:
+    """Trial ``number``'s run has saved a checkpoint after its first epoch, not finished."""
+    run = sweep_dir / "trials" / f"trial_{number:04d}"
+    steps = [int(p.name) for p in (run / "checkpoints").glob("*") if p.name.isdigit()]
+    return any(s > 0 for s in steps) and not (run / "summary.json").exists()
+
+
+def _val_sharpes(run: Path) -> int:
+    return sum(
+        1 for line in (run / "metrics.jsonl").read_text().splitlines() if '"val_sharpe"' in line
+    )
+
+
+@pytest.mark.slow
+def test_h2_two_workers_one_killed_the_study_completes_and_n_counts_every_trial(tmp_path):
+    sweep = _spec_file(tmp_path, study="kill", trials=6)
+    sweep_dir = tmp_path / "s"
+    args = [sweep, "--dir", sweep_dir, "--heartbeat", "1"]
+    cmd = [sys.executable, "-m", "jaxdqn.sweep", *map(str, args)]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    with open(logs[0], "w") as fa:
+        a = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=fa, stderr=subprocess.STDOUT)
+    time.sleep(3)  # A creates the study; B joins it
+    with open(logs[1], "w") as fb:
+        b = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=fb, stderr=subprocess.STDOUT)
+    deadline, killed = time.time() + 300, None
+    while killed is None and time.time() < deadline and a.poll() is None:
+        n = _started(logs[0])
+        if n is not None and _mid_trial(sweep_dir, n):
+            a.send_signal(signal.SIGKILL)
+            killed = n
+        time.sleep(0.05)
+    a.wait()
+    assert killed is not None, logs[0].read_text()
+    assert b.wait(timeout=600) == 0, logs[1].read_text()
+    out = logs[1].read_text()
+    assert f"resuming trial {killed}'s run" in out, out
+
+    result = json.loads((sweep_dir / "sweep.json").read_text())
+    c = result["counts"]
+    assert (c["complete"], c["failed"], c["died"], c["running"]) == (6, 0, 1, 0), c
+    assert c["optuna_trials"] == 7 and c["runs"] == 6
+    rows = {r["number"]: r for r in result["trials"]}
+    assert rows[killed]["state"] == "fail"
+    again = [r for r in rows.values() if r["resumes"] == killed]
+    assert len(again) == 1 and again[0]["state"] == "complete"
+    assert again[0]["run_dir"] == rows[killed]["run_dir"]
+    assert again[0]["params"] == rows[killed]["params"]
+    # the resumed run trained its 2 epochs once: no epoch twice in its log
+    resumed = sweep_dir / again[0]["run_dir"]
+    assert json.loads((resumed / "summary.json").read_text())["epochs"] == 2
+    assert _val_sharpes(resumed) == 2
+    # N: every (run, epoch, seed) val Sharpe, each run counted once
+    runs = {r["run_dir"] for r in rows.values()}
+    n = sum(_val_sharpes(sweep_dir / r) for r in runs)
+    assert n == 12 == result["dsr_trials"]["num_trials"]
+    assert result["statistics"]["dsr"]["num_trials"] == n
+    assert "6 runs" in result["statistics"]["dsr"]["trials"]
+    # test is walked for the winner only, after the search
+    winner = result["winner"]
+    assert winner["value"] == max(r["value"] for r in rows.values() if r["state"] == "complete")
+    assert (sweep_dir / "winner" / "eval_test.csv").exists()
+    for r in runs:
+        assert not (sweep_dir / r / "eval_test.csv").exists()
+        assert "test" not in json.loads((sweep_dir / r / "summary.json").read_text())
+        assert (sweep_dir / r / "report.md").exists()
+    report = (sweep_dir / "sweep.md").read_text()
+    assert f"N = {n}" in report and "(winner)" in report
+
+    # --resume continues the stopped study with a larger budget
+    r = _sweep([*args, "--resume", "--trials", "7"], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads((sweep_dir / "sweep.json").read_text())
+    assert result["counts"]["complete"] == 7 and result["counts"]["runs"] == 7
+    assert result["dsr_trials"]["num_trials"] == 14 == result["statistics"]["dsr"]["num_trials"]
+
+
+def _postgres_binaries() -> tuple[str, str] | None:
+    found = []
+    for name in ("initdb", "pg_ctl"):
+        path = shutil.which(name) or next(
+            iter(sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))), None
+        )
+        if path is None:
+            return None
+        found.append(str(path))
+    return found[0], found[1]
+
+
+@pytest.fixture
+def postgres_url():
+    """A PostgreSQL server of its own on a free loopback port (skipped without one)."""
+    bins = _postgres_binaries()
+    if bins is None:
+        pytest.skip("no PostgreSQL server on this machine (initdb, pg_ctl); .ci/run installs it")
+    pytest.importorskip("psycopg", reason="psycopg (the PostgreSQL driver) is not installed")
+    initdb, pg_ctl = bins
+    folder = Path(tempfile.mkdtemp(prefix="jaxdqn_pg_"))
+    demote = None
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root: as its own user, else nobody
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            user = pwd.getpwnam("nobody")
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        demote = lambda: (os.setgid(user.pw_gid), os.setuid(user.pw_uid))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = folder / "data"
+    run = lambda cmd: subprocess.run(
+        cmd, preexec_fn=demote, capture_output=True, text=True, timeout=120
+    )
+    r = run([initdb, "-D", str(data), "-U", "sweep", "--auth=trust"])
+    assert r.returncode == 0, r.stderr
+    opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
+    r = run([pg_ctl, "-D", str(data), "-o", opts, "-l", str(folder / "log"), "-w", "start"])
+    assert r.returncode == 0, r.stderr + (folder / "log").read_text()
+    try:
+        yield f"postgresql://sweep:pw@127.0.0.1:{port}/postgres"
+    finally:
+        run([pg_ctl, "-D", str(data), "-m", "immediate", "stop"])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_h2_a_study_in_postgresql(tmp_path, postgres_url):
+    sweep = _spec_file(tmp_path, study="pg", trials=2, overrides=["train.epochs=1", *FAST[1:]])
+    r = _sweep([sweep, "--dir", tmp_path / "s", "--storage", postgres_url], tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert result["storage"].startswith("postgresql://sweep:***@127.0.0.1")
+    assert result["counts"]["complete"] == 2 and result["counts"]["runs"] == 2
+    assert result["dsr_trials"]["num_trials"] == 2 == result["statistics"]["dsr"]["num_trials"]
+    assert not (tmp_path / "s" / "study.db").exists()  # the study is in the server
