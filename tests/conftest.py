@@ -79,6 +79,7 @@ def pytest_unconfigure(config):
 # ones keeps both workers busy to the end instead of leaving one module running alone.
 HEAVY_FIRST = (
     "test_sweep.py",
+    "test_sweep_postgres.py",
     "test_train.py",
     "test_scale.py",
     "test_scale_runs.py",

@@ -314,3 +314,37 @@ def test_o6_checkpoint_complete_when_killed_right_after_save(tmp_path):
     assert step == 1 and host == {"epoch": 1}
     assert_bit_exact(state, make_state(1))
     assert ckpt.best_step() == 0
+
+
+def test_h1_each_members_best_step_is_kept_and_restored(tmp_path):
+    """A population's checkpoints keep each member's best step by its own metric besides the
+    latest-N ∪ best-N, the retention predicted before each save is the one on disk, and
+    ``restore("best", member=m)`` returns member m's best."""
+    means = [0.0, 3.0, 1.0, 2.0, 0.5, math.nan]
+    members = [[0.0, 9.0], [5.0, 1.0], [1.0, 1.0], [2.0, 2.0], [0.5, 0.5], [math.nan] * 2]
+    ckpt = Checkpointer(tmp_path, keep_latest=1, keep_best=1, members=2)
+    for step, (m, per) in enumerate(zip(means, members, strict=True)):
+        predicted = ckpt.kept_after(step, m, per)
+        ckpt.save(step, make_state(step), {"epoch": step}, m, per)
+        assert ckpt.steps() == predicted, step
+    # latest (5) ∪ best mean (1) ∪ member 0's best (1) ∪ member 1's best (0, an old step no
+    # other rule keeps)
+    assert ckpt.steps() == [0, 1, 5]
+    assert ckpt.best_step() == 1 and ckpt.best_step(member=0) == 1 and ckpt.best_step(member=1) == 0
+    state, host, step = ckpt.restore("best", make_state(0), member=1)
+    assert step == 0 and host == {"epoch": 0}
+    assert_bit_exact(state, make_state(0))
+    ckpt.close()
+    again = Checkpointer(tmp_path, keep_latest=1, keep_best=1, members=2)  # read back from disk
+    assert again.member_metrics(1) == {0: 9.0, 1: 1.0, 5: again.member_metrics(1)[5]}
+    assert math.isnan(again.member_metrics(1)[5]) and again.best_step(member=1) == 0
+    with pytest.raises(CheckpointError, match="1 member metrics for 2 members"):
+        again.save(6, make_state(6), {}, 1.0, [1.0])
+    again.close()
+    # without members nothing changes: the metrics item holds the val Sharpe alone
+    plain = fill(tmp_path / "plain", [1.0, 2.0])
+    assert plain.steps() == [0, 1]
+    assert all(math.isnan(v) for v in plain.member_metrics(0).values())
+    held = [p.read_text() for p in sorted((tmp_path / "plain").glob("*/metrics/metrics"))]
+    assert held and all('"members"' not in text for text in held)
+    plain.close()

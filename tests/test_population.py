@@ -158,3 +158,42 @@ def test_h1_dsr_trials_are_every_agent_of_every_member_at_every_epoch(tmp_path):
     sharpes, what = run_statistics.selection_trials(tmp_path, members=2)
     assert sharpes.size == 12
     assert what.startswith("members × seeds × checkpoints compared on val: 2 × 2 × 3")
+
+
+@pytest.mark.slow
+def test_h1_members_are_walked_at_their_own_best_epoch_and_equal_their_runs(tmp_path):
+    """The whole program: a 4-member population (2 lr × 2 γ, 1 seed) trained by the Trainer
+    selects each member's own best epoch (by its val Sharpe), and each member's best epoch, val
+    and test Sharpe equal those of the ordinary run with its values (float tolerance)."""
+    import json
+
+    from jaxdqn.program.checkpoints.checkpoint import score
+    from jaxdqn.program.run import loop
+
+    # every component off: the same loop, checkpoints and walks, traced in half the time
+    fast = [*config.ALL_OFF, "train.epochs=3", "train.iterations_per_epoch=3"]
+    fast += ["eval.bootstrap_reps=20", "eval.cost_multiples=[1]"]
+    cfg = config.load(CONFIGS / "smoke.yaml", [*GRID, *fast])
+    summary = loop.Trainer(cfg, tmp_path / "pop", progress=False).run()
+    records = [
+        json.loads(line) for line in (tmp_path / "pop" / "metrics.jsonl").read_text().splitlines()
+    ]
+    epochs = [r for r in records if "val_sharpe_seeds" in r]
+    assert len(epochs) == 3
+    for e in summary["members"]:
+        curve = [score(r["val_sharpe_seeds"][e["member"]]) for r in epochs]  # NaN: -inf
+        best = max(range(3), key=lambda i: (curve[i], i))  # ties: the later epoch
+        assert e["best_epoch"] == epochs[best]["epoch"], (e, curve)
+        assert score(e["val"]["sharpe"]) == pytest.approx(curve[best], rel=1e-12)
+    winner = summary["members"][summary["winner"]["member"]]
+    assert summary["best_epoch"] == winner["best_epoch"]
+    assert summary["statistics"]["test"]["seeds"][0]["sharpe"] == pytest.approx(
+        winner["test"]["sharpe"]
+    )
+    for m, member in zip(summary["members"], members(cfg), strict=True):
+        one = loop.Trainer(member.cfg, tmp_path / f"run{m['member']}", progress=False).run()
+        assert one["best_epoch"] == m["best_epoch"], m["overrides"]
+        for split in ("val", "test"):
+            np.testing.assert_allclose(
+                one[split]["sharpe"], m[split]["sharpe"], rtol=1e-3, atol=1e-3, err_msg=split
+            )

@@ -85,6 +85,12 @@ def num_members(cfg: Config) -> int:
     return math.prod(len(v) for v in population_grid(cfg.population).values())
 
 
+def ranked_members(cfg: Config) -> int:
+    """The members whose checkpoints are ranked one by one (each walked at its own best
+    epoch): ``M`` with a population, 0 without one."""
+    return num_members(cfg) if population_grid(cfg.population) else 0
+
+
 def population_size(cfg: Config) -> int:
     """``P = M · S``: the agents the run trains (members × ``train.num_seeds``)."""
     return num_members(cfg) * cfg.train.num_seeds

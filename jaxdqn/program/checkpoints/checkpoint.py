@@ -17,7 +17,11 @@ Retention (orbax preservation policy): a step is kept when it is among the ``kee
 recent steps OR among the ``keep_best`` best by metric —
 ``AnyPreservationPolicy([LatestN(keep_latest), BestN(score, n=keep_best)])``. The metric is the
 validation Sharpe; ``score(m) = m`` for finite ``m`` and ``−inf`` otherwise, so a NaN (or
-infinite) Sharpe is never preferred to a finite one. Ties go to the later step.
+infinite) Sharpe is never preferred to a finite one. Ties go to the later step. A population of
+``members`` members (issue 32) saves each member's metric too (``"members"`` in the metrics
+item: its seeds' mean val Sharpe) and also keeps each member's best step (``BestN(score_m,
+n=1)`` per member), so every member can be walked at its own best epoch
+(``restore("best", member=m)``): at most ``members`` more checkpoints on disk.
 
 Restoring reads ``meta`` first and compares it with the target's leaves: a different number of
 leaves, shape or dtype is a user error (e.g. resuming with another config) and raises
@@ -44,6 +48,7 @@ import logging
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +58,10 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_manager import StepAlreadyExistsError
 
 from jaxdqn.program.checkpoints import contents as fmt
+from jaxdqn.program.checkpoints import retention
 from jaxdqn.program.checkpoints.contents import CheckpointError, Corrupt
 from jaxdqn.program.checkpoints.orbax_echoes import one_line, quiet_failed_reads
+from jaxdqn.program.checkpoints.retention import score
 
 __all__ = ["CheckpointError", "Checkpointer", "score"]
 
@@ -63,31 +70,6 @@ log = logging.getLogger(__name__)
 
 _ITEMS = ("state", "host", "meta")
 _STEP_RE = re.compile(r"^(0|[1-9]\d*)$")
-_METRIC_KEY = "val_sharpe"
-
-
-def score(metric: Any) -> float:
-    """Ranking key of a metric: the value itself when finite, ``-inf`` otherwise (NaN is worst)."""
-    try:
-        x = float(metric)
-    except (TypeError, ValueError):
-        return -math.inf
-    return x if math.isfinite(x) else -math.inf
-
-
-def _metrics_score(metrics: Any) -> float:
-    # Called by orbax's BestN on whatever the metrics file held; it must never raise.
-    if not isinstance(metrics, dict):
-        return -math.inf
-    return score(metrics.get(_METRIC_KEY, math.nan))
-
-
-def _saved_metric(metrics: Any) -> float:
-    """The metric as saved (NaN when the metrics item is missing or not a number)."""
-    try:
-        return float(metrics[_METRIC_KEY])
-    except (KeyError, TypeError, ValueError):
-        return math.nan
 
 
 class Checkpointer:
@@ -98,38 +80,34 @@ class Checkpointer:
         are picked up — that is how a run resumes).
       keep_latest: number of most recent steps kept (≥ 1).
       keep_best: number of best steps by metric kept (≥ 1).
+      members: a population's member count: each member's best step is kept too (0: none).
       verify: record CRC-32 of every leaf at save time and check it at restore time (costs one
         device-to-host copy of the state per save and one pass over the bytes).
     """
 
     def __init__(
-        self, directory: str | os.PathLike, *, keep_latest: int, keep_best: int, verify: bool = True
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep_latest: int,
+        keep_best: int,
+        members: int = 0,
+        verify: bool = True,
     ):
         if keep_latest < 1 or keep_best < 1:
             raise CheckpointError(
                 f"keep_latest and keep_best must be >= 1 (got {keep_latest}, {keep_best})"
             )
         self._dir = Path(directory).expanduser().resolve()
-        self._verify = verify
+        self._verify, self._keep = verify, (keep_latest, keep_best, members)
         self._dir.mkdir(parents=True, exist_ok=True)
         quiet_failed_reads()
         self._quarantine_undecodable_metrics()
-        policies = ocp.checkpoint_managers
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=False,
-            best_fn=_metrics_score,
+            best_fn=retention.metrics_score,
             best_mode="max",
-            preservation_policy=policies.AnyPreservationPolicy(
-                [
-                    policies.LatestN(n=keep_latest),
-                    policies.BestN(
-                        get_metric_fn=_metrics_score,
-                        reverse=False,
-                        n=keep_best,
-                        keep_checkpoints_without_metrics=False,
-                    ),
-                ]
-            ),
+            preservation_policy=retention.policy(keep_latest, keep_best, members),
             cleanup_tmp_directories=True,
             create=True,
         )
@@ -137,9 +115,9 @@ class Checkpointer:
             self._mngr = ocp.CheckpointManager(self._dir, item_names=_ITEMS, options=options)
         except Exception as e:  # any failure here means an unusable directory
             raise CheckpointError(f"cannot open checkpoints in {self._dir}: {one_line(e)}") from e
-        self._metrics: dict[int, float] = {
-            s: _saved_metric(self._mngr.metrics(s)) for s in self._mngr.all_steps()
-        }
+        saved = {s: self._mngr.metrics(s) for s in self._mngr.all_steps()}
+        self._metrics: dict[int, float] = {s: retention.saved_metric(m) for s, m in saved.items()}
+        self._member_metrics = {s: retention.saved_members(m) for s, m in saved.items()}
 
     # -- queries ----------------------------------------------------------------------------
 
@@ -165,20 +143,50 @@ class Checkpointer:
         """Metric of every kept step, as saved (NaN stays NaN; NaN also if it is missing)."""
         return {s: self._metrics.get(s, math.nan) for s in self.steps()}
 
-    def _ranked(self) -> list[int]:
-        """Steps from best to worst by ``(score(metric), step)``."""
-        m = self.metrics()
-        return sorted(m, key=lambda s: (score(m[s]), s), reverse=True)
+    def member_metrics(self, member: int) -> dict[int, float]:
+        """Member ``member``'s metric of every kept step (NaN where it has none)."""
+        got = lambda s: self._member_metrics.get(s, [])
+        return {s: got(s)[member] if member < len(got(s)) else math.nan for s in self.steps()}
 
-    def best_step(self) -> int | None:
-        """The step with the best metric (NaN is worst; ties go to the later step), or ``None``."""
-        ranked = self._ranked()
+    def _ranked(self, member: int | None = None) -> list[int]:
+        """Steps from best to worst by ``(score(metric), step)`` (a member's own metric)."""
+        return retention.best_first(
+            self.metrics() if member is None else self.member_metrics(member)
+        )
+
+    def best_step(self, member: int | None = None) -> int | None:
+        """The step with the best metric (NaN is worst; ties go to the later step), or ``None``;
+        ``member``: by that population member's metric."""
+        ranked = self._ranked(member)
         return ranked[0] if ranked else None
 
-    # -- save -------------------------------------------------------------------------------
+    def kept_after(self, step: int, metric: float, members: Sequence[float] = ()) -> list[int]:
+        """The steps on disk once ``step`` is saved with ``metric`` (and ``members``): the
+        retention of the module docstring, known before the save (the epoch's log line, written
+        first, reports it)."""
+        keep_latest, keep_best, num_members = self._keep
+        return retention.kept(
+            [*self.steps(), step],
+            {**self.metrics(), step: metric},
+            [
+                {**self.member_metrics(m), step: members[m] if members else math.nan}
+                for m in range(num_members)
+            ],
+            keep_latest,
+            keep_best,
+        )
 
-    def save(self, step: int, state: PyTree, host: dict[str, Any], metric: float) -> None:
+    def save(
+        self,
+        step: int,
+        state: PyTree,
+        host: dict[str, Any],
+        metric: float,
+        members: Sequence[float] = (),
+    ) -> None:
         """Write ``state``, ``host`` and ``metric`` as checkpoint ``step``; return when complete.
+        ``members``: a population's per-member metrics (default: none, or NaN for each of the
+        checkpointer's ``members``).
 
         ``step`` must be larger than every step saved in this directory (retention counts
         recency by step number), and no ``<step>`` directory may exist: nothing is overwritten.
@@ -201,6 +209,11 @@ class Checkpointer:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"host state is not JSON-serialisable: {one_line(e)}") from e
         metric = float(metric)
+        num_members = self._keep[2]
+        if members and len(members) != num_members:
+            raise CheckpointError(f"{len(members)} member metrics for {num_members} members")
+        member_metrics = [float(v) for v in members] or [math.nan] * num_members
+        saved = retention.metrics_item(metric, member_metrics if num_members else None)
 
         paths, leaves = fmt.leaves(state, "state")
         args = ocp.args.Composite(
@@ -209,18 +222,20 @@ class Checkpointer:
             meta=ocp.args.JsonSave(fmt.meta(paths, leaves, metric, self._verify)),
         )
         try:
-            self._mngr.save(step, args=args, metrics={_METRIC_KEY: metric}, force=True)
+            self._mngr.save(step, args=args, metrics=saved, force=True)
             self._mngr.wait_until_finished()
         except StepAlreadyExistsError as e:
             raise CheckpointError(f"checkpoint step {step} already exists in {self._dir}") from e
         self._metrics[step] = metric
+        self._member_metrics[step] = member_metrics if num_members else []
         kept = set(self._mngr.all_steps())
         self._metrics = {s: v for s, v in self._metrics.items() if s in kept}
+        self._member_metrics = {s: v for s, v in self._member_metrics.items() if s in kept}
 
     # -- restore ----------------------------------------------------------------------------
 
     def restore(
-        self, which: str | int = "latest", target: PyTree = None
+        self, which: str | int = "latest", target: PyTree = None, *, member: int | None = None
     ) -> tuple[PyTree, dict[str, Any], int]:
         """Restore ``(state, host, step)`` from the chosen checkpoint.
 
@@ -228,6 +243,7 @@ class Checkpointer:
           which: ``"latest"``, ``"best"`` (best metric) or a step number. If that checkpoint
             cannot be read, a warning is logged and the next candidate is tried: for
             ``"latest"`` and a step number the next older step, for ``"best"`` the next best.
+          member: with ``"best"``, the best by this population member's metric.
           target: a pytree with the saved structure — concrete arrays (their shardings are
             used) or ``jax.ShapeDtypeStruct`` leaves (sharding ``None`` means the default
             device); NumPy leaves restore as NumPy arrays.
@@ -247,7 +263,7 @@ class Checkpointer:
         abstract = [fmt.abstract(x) for x in leaves]
         specs = [fmt.spec(x) for x in leaves]
 
-        candidates = self._candidates(which)
+        candidates = self._candidates(which, member)
         tried = []
         for step in candidates:
             tried.append(step)
@@ -280,14 +296,14 @@ class Checkpointer:
             f"{', '.join(map(str, tried))}; all unreadable)"
         )
 
-    def _candidates(self, which: str | int) -> list[int]:
+    def _candidates(self, which: str | int, member: int | None = None) -> list[int]:
         steps = self.steps()
         if not steps:
             raise CheckpointError(f"no checkpoints in {self._dir}")
         if which == "latest":
             return steps[::-1]
         if which == "best":
-            return self._ranked()
+            return self._ranked(member)
         if isinstance(which, (int, np.integer)) and not isinstance(which, bool):
             if int(which) not in steps:
                 raise CheckpointError(

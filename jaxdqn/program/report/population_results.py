@@ -3,13 +3,15 @@
 ``summary.json`` of a run with a ``population`` section adds
 
     "members": [{"member": m, "overrides": {key: value}, "agents": [p, ...],
-                 "val": metrics, "test": metrics}, ...],
+                 "best_epoch": e, "best_step": k, "val": metrics, "test": metrics}, ...],
     "winner": {"member": m, "overrides": {...}, "selected_on": "..."}
 
 where ``metrics`` are keyed as the run's ``val``/``test`` and averaged over the member's seeds
-(agents ``m·S … m·S + S − 1``), and the winner is the member with the highest mean val Sharpe
-(test plays no part). The run's top-level ``val``/``test`` are then the winner's. Every agent is
-also a trial of the run's Deflated Sharpe Ratio (members × seeds × checkpoints).
+(agents ``m·S … m·S + S − 1``) walked at the member's own best checkpoint (``best_epoch``: the
+epoch with the member's best mean val Sharpe; every member's is kept), and the winner is the
+member with the highest mean val Sharpe (test plays no part). The run's top-level
+``val``/``test``, best epoch and statistics are then the winner's. Every agent is also a trial
+of the run's Deflated Sharpe Ratio (members × seeds × checkpoints).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = ["MEMBERS_PNG", "SELECTED_ON", "member_entries", "plot_members", "popu
 
 MEMBERS_PNG = "members.png"
 SELECTED_ON = "the highest mean val Sharpe over the member's seeds"
+BEST = ("best_epoch", "best_step")
 
 
 def member_entries(
@@ -51,6 +54,8 @@ def member_entries(
             for k in per_agent[agents[0]][split]
         }
         entry = {"member": i, "overrides": m.overrides, "agents": agents}
+        # the member's own best checkpoint, where the run recorded it (each agent's entry)
+        entry |= {k: per_agent[agents[0]][k] for k in BEST if k in per_agent[agents[0]]}
         out.append(entry | {split: mean(split) for split in splits})
     score = lambda e: e["val"]["sharpe"] if math.isfinite(e["val"]["sharpe"]) else -math.inf
     best = max(out, key=score)

@@ -8,20 +8,19 @@ cover all of its iterations.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdqn.config import TrainConfig
 from jaxdqn.evaluation.walk import EvalResult
-from jaxdqn.program.checkpoints import checkpoint
 from jaxdqn.program.run.plateau import PlateauReport
 from jaxdqn.program.run.run_state import RunState
 from jaxdqn.program.run.schedule import EpochSchedule
 
-__all__ = ["EpochMetrics", "epoch_means", "epoch_record", "kept_after_save"]
+__all__ = ["EpochMetrics", "epoch_means", "epoch_record", "member_means"]
 
 
 class EpochMetrics:
@@ -72,20 +71,13 @@ def epoch_means(stacked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def kept_after_save(
-    ckpt: checkpoint.Checkpointer, step: int, metric: float, tc: TrainConfig
-) -> int:
-    """Checkpoints on disk once ``step`` is saved: the latest ``keep_latest`` ∪ the best
-    ``keep_best`` by metric (non-finite ranks worst), as the checkpointer retains them.
-
-    The epoch's log line is written before its checkpoint (see the epoch loop), so the count
-    the save will leave has to be known before the save.
-    """
-    metrics = {**ckpt.metrics(), step: metric}
-    steps = sorted(metrics)
-    latest = set(steps[-tc.keep_latest :])
-    ranked = sorted(steps, key=lambda k: (checkpoint.score(metrics[k]), k), reverse=True)
-    return len(latest | set(ranked[: tc.keep_best]))
+def member_means(results: list[EvalResult], members: int, *, blank: bool = False) -> list[float]:
+    """Each member's mean val Sharpe over its seeds (agents member-major); empty without a
+    population (``members`` 0); all NaN when ``blank`` (a rewound state's checkpoint)."""
+    if not members or blank:
+        return [math.nan] * members
+    sharpes = np.asarray([r.metrics["sharpe"] for r in results], dtype=np.float64)
+    return [float(v) for v in sharpes.reshape(members, -1).mean(axis=1)]
 
 
 def epoch_record(

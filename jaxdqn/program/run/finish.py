@@ -35,7 +35,7 @@ from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import ACTION_NAMES
 from jaxdqn.config import Config
-from jaxdqn.config.members import num_members, population_size
+from jaxdqn.config.members import num_members, population_size, ranked_members
 from jaxdqn.evaluation import baselines, panel_baselines
 from jaxdqn.market.env import HELD_ORDER, HELD_URGENCY
 from jaxdqn.market.market import PanelPrepared, Prepared
@@ -58,6 +58,27 @@ __all__ = ["finish"]
 SPLITS = ("val", "test")
 
 
+def best_checkpoints(
+    cfg: Config,
+    ckpt: checkpoint.Checkpointer,
+    template: TrainState,
+    placed: Placement | None = None,
+) -> list[tuple[TrainState, dict[str, Any], int]]:
+    """Every agent's ``(state, host, step)`` to walk: the best checkpoint (by the mean val
+    Sharpe over the agents) for all, or with a population each member's own best for its
+    agents (each step restored once). ``placed``: the run's devices (every process restores)."""
+    members = ranked_members(cfg)
+    wanted = [ckpt.best_step(member=m) for m in range(members)] if members else [None]
+    restored: dict[Any, tuple[TrainState, dict[str, Any], int]] = {}
+    for step in wanted:
+        if step not in restored:
+            state, host, got = ckpt.restore("best" if step is None else step, template)
+            restored[step] = (placed.view(state) if placed else state, host, got)
+    per_member = [restored[step] for step in wanted]
+    return [per_member[p // cfg.train.num_seeds] if members else per_member[0]
+            for p in range(population_size(cfg))]  # fmt: skip
+
+
 def finish(
     cfg: Config,
     prepared: Prepared | PanelPrepared,
@@ -76,11 +97,9 @@ def finish(
     run state (epochs, rewinds, fault events) and ``start_wall`` the run's start time.
     ``placed``: the run's devices; under ``jax.distributed`` only process 0 walks and writes
     (the others return None)."""
-    best, best_host, best_step = ckpt.restore("best", template)
-    if placed is not None:  # under jax.distributed: every process restores, process 0 writes
-        best = placed.view(best)
-        if not placed.primary:
-            return None
+    chosen_by_agent = best_checkpoints(cfg, ckpt, template, placed)
+    if placed is not None and not placed.primary:  # under jax.distributed process 0 writes
+        return None
     num_seeds = population_size(cfg)  # every agent: members × seeds
     splits = SPLITS if cfg.eval.walk_test else ("val",)
     logs: dict[str, list[pd.DataFrame]] = {split: [] for split in splits}
@@ -90,6 +109,7 @@ def finish(
     stressed = [k for k in multiples if k != 1.0]
     stress_walks = []
     for s in range(num_seeds):
+        best, host, step = chosen_by_agent[s]
         seed_metrics = {}
         for split in splits:
             res = walk_seed(agent, prepared, cfg.eval, best, split, s)
@@ -100,6 +120,8 @@ def finish(
                 extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
                 stress_walks.append([res if k == 1.0 else next(extra) for k in multiples])
         per_seed.append({"seed": s, **seed_metrics})
+        if ranked_members(cfg):  # a population: each agent at its member's best epoch
+            per_seed[-1] |= {"best_epoch": RunState.from_json(host).epoch, "best_step": step}
     for split, frames in logs.items():
         results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
 
@@ -131,8 +153,10 @@ def finish(
         )
 
     population = population_results.member_entries(cfg, per_seed)
-    # a population's statistics are its winner's agents' (every agent is a trial of the DSR)
+    # a population's statistics and best epoch are its winner's agents' (every agent is a DSR
+    # trial); otherwise every agent shares the one best checkpoint
     chosen = population[0][population[1]["member"]]["agents"] if population else None
+    _, best_host, best_step = chosen_by_agent[chosen[0] if chosen else 0]
     trials = run_statistics.selection_trials(run_dir, num_members(cfg))
     stats = {
         split: run_statistics.split_statistics(

@@ -26,13 +26,13 @@ from jaxdqn.agent import optim
 from jaxdqn.agent.build import build_agent
 from jaxdqn.agent.state import TrainState, fold_keys
 from jaxdqn.config import Config
-from jaxdqn.config.members import agent_base_lrs
+from jaxdqn.config.members import agent_base_lrs, ranked_members
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.market import market as market_lib
 from jaxdqn.program.checkpoints import checkpoint
 from jaxdqn.program.records import logger as logger_lib
 from jaxdqn.program.run import plateau
-from jaxdqn.program.run.epoch_log import EpochMetrics, epoch_means, epoch_record, kept_after_save
+from jaxdqn.program.run.epoch_log import EpochMetrics, epoch_means, epoch_record, member_means
 from jaxdqn.program.run.finish import finish
 from jaxdqn.program.run.placement import place
 from jaxdqn.program.run.progress import Progress
@@ -70,7 +70,8 @@ class Trainer:
         self._stop = False
         self.prepared = market_lib.prepare(cfg)
         self.agent = build_agent(cfg, self.prepared)
-        self.lrs = agent_base_lrs(cfg)  # a population's per agent; None: optim.lr for all
+        # a population's learning rate per agent (None: optim.lr) and members ranked one by one
+        self.lrs, self.members = agent_base_lrs(cfg), ranked_members(cfg)
         # train.mesh's devices, the iteration, the initialiser (first state, restore template)
         self.placed = place(cfg, self.prepared, self.agent)
         self.iterate, self.num_seeds = self.placed.iterate, self.placed.layout.num_seeds
@@ -88,9 +89,8 @@ class Trainer:
         iteration completes, a checkpoint is saved and ``KeyboardInterrupt`` is raised."""
         tc = self.cfg.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt = checkpoint.Checkpointer(
-            self.run_dir / "checkpoints", keep_latest=tc.keep_latest, keep_best=tc.keep_best
-        )
+        keep = {"keep_latest": tc.keep_latest, "keep_best": tc.keep_best, "members": self.members}
+        self.ckpt = checkpoint.Checkpointer(self.run_dir / "checkpoints", **keep)
         self.log = logger_lib.open_run_log(self.run_dir, self.num_seeds, write=self.placed.primary)
         state = self.init_state()
         if self.resume:
@@ -106,11 +106,10 @@ class Trainer:
             logger_lib.write_config(self.log, self.run_dir, self.cfg, resumed=False)
             for line in self.prepared.notes():
                 self.log.note(line)
-            a = self.agent
             self.log.note(
-                f"reward scale {a.reward_scale:.6g} ({self.cfg.loss.reward_scale}); reward unit "
-                f"{a.reward_unit:.6g} in Q (every Q threshold is relative to it); "
-                f"{self.placed.layout.describe()}"
+                f"reward scale {self.agent.reward_scale:.6g} ({self.cfg.loss.reward_scale}); "
+                f"reward unit {self.agent.reward_unit:.6g} in Q (every Q threshold is relative "
+                f"to it); {self.placed.layout.describe()}"
             )
             run = RunState()
             self.ckpt.save(0, state, run.to_json(), math.nan)
@@ -189,14 +188,16 @@ class Trainer:
                 f"{run.best_epoch}), folded a new key, restarted the LR cycle (O6)"
             )
         run.epoch = done
-        # After a rewind the state saved below is the restored best one, not the state that was
-        # validated: its checkpoint carries no metric (NaN never ranks as best).
+        # After a rewind the state saved is the restored best one, not the one validated: its
+        # checkpoint carries no metric (NaN never ranks as best).
         rewound = rep.action == "rewind"
         metric = checkpoint.score(val_sharpe)
         if not rewound and (metric > run.best_sharpe or run.best_epoch < 0):
             run.best_sharpe, run.best_epoch, run.best_step = metric, done, run.total_iterations
         run.wall_time = time.time() - self._start_wall
         saved_metric = math.nan if rewound else val_sharpe
+        saved_members = member_means(results, self.members, blank=rewound)
+        kept = self.ckpt.kept_after(run.total_iterations, saved_metric, saved_members)
         env_steps = run_iters * cfg.acting.steps * cfg.acting.num_envs * self.num_seeds
         learned = float(np.nansum(stacked["learning"][-run_iters:])) if stacked else 0.0
         record = epoch_record(
@@ -205,7 +206,7 @@ class Trainer:
             results,
             sched,
             rep,
-            checkpoints=kept_after_save(self.ckpt, run.total_iterations, saved_metric, tc),
+            checkpoints=len(kept),
             best_epoch=run.best_epoch,
             env_steps_per_s=env_steps / elapsed,
             updates_per_s=learned * cfg.optim.updates / elapsed,
@@ -213,7 +214,7 @@ class Trainer:
         # The log line goes first: a run killed between the two resumes from the previous
         # checkpoint, drops this line (truncate_after) and writes it again identically.
         self.log.log_epoch(record)
-        self.ckpt.save(run.total_iterations, state, run.to_json(), saved_metric)
+        self.ckpt.save(run.total_iterations, state, run.to_json(), saved_metric, saved_members)
         return state, run, record
 
     def rewind(self, state: TrainState, run: RunState) -> TrainState:
@@ -236,8 +237,7 @@ class Trainer:
             )
         good, good_json, step = self.ckpt.restore("latest", state)
         restored = RunState.from_json(good_json)
-        # Keep the fault counters and the step counter; everything else comes from the good
-        # checkpoint.
+        # The fault counters and the step counter stay; the rest comes from the good checkpoint.
         restored.consecutive_faults = run.consecutive_faults
         restored.fault_events = run.fault_events
         restored.total_iterations = run.total_iterations

@@ -40,7 +40,7 @@ import pandas as pd
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
-from jaxdqn.config.members import num_members, population_size
+from jaxdqn.config.members import num_members, population_size, ranked_members
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.program.records.formats import to_jsonable
@@ -123,9 +123,20 @@ def evaluate_run(
     chosen = list(range(num_seeds)) if agents is None else [int(a) for a in agents]
     if not chosen or not all(0 <= a < num_seeds for a in chosen):
         raise ConfigError(f"agents {chosen}: the run has agents 0..{num_seeds - 1}")
-    state, step = load.restore_state(run_dir, cfg, agent, prepared, which)
+    # "best" of a population: each member's agents at the member's own best checkpoint
+    by_member = which == "best" and ranked_members(cfg) > 0
+    member_of = lambda a: a // cfg.train.num_seeds if by_member else None
+    restored = {}
+    for a in chosen:
+        if member_of(a) not in restored:
+            restored[member_of(a)] = load.restore_state(
+                run_dir, cfg, agent, prepared, which, member_of(a)
+            )
     out.mkdir(parents=True, exist_ok=True)
-    results = [walk_seed(agent, prepared, cfg.eval, state, split, s) for s in chosen]
+    results = [
+        walk_seed(agent, prepared, cfg.eval, restored[member_of(a)][0], split, a) for a in chosen
+    ]
+    step = restored[member_of(chosen[0])][1]
     log_path = write_eval_log(out / f"eval_{split}.csv", [r.log for r in results])
     base_logs: dict = {}
     stat_logs, panel = [r.log for r in results], {}
@@ -154,6 +165,7 @@ def evaluate_run(
         "bar_clock": prepared.bar_clock.to_json(),
         "seeds": [r.metrics for r in results],
         **({"agents": chosen} if agents is not None else {}),
+        **({"checkpoint_steps": [restored[member_of(a)][1] for a in chosen]} if by_member else {}),
         "statistics": stats,
         **panel,
     }

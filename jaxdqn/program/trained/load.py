@@ -117,10 +117,11 @@ def read_bars(run: LoadedRun, path: str | None) -> dict[str, pd.DataFrame]:
 
 
 def restore_state(
-    run_dir: Path, cfg: Any, agent: Any, prepared: Any, which: str | int
+    run_dir: Path, cfg: Any, agent: Any, prepared: Any, which: str | int, member: int | None = None
 ) -> tuple[Any, int]:
     """``(state, step)``: checkpoint ``which`` (best, latest or a step) of ``run_dir``, the
-    seed-stacked train state of ``agent`` on ``prepared``'s market.
+    seed-stacked train state of ``agent`` on ``prepared``'s market; ``member``: with ``best``,
+    that population member's own best checkpoint.
 
     Raises:
       ConfigError: no checkpoint, or none at step ``which``.
@@ -148,7 +149,7 @@ def restore_state(
             raise ConfigError(
                 f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
             )
-        state, _, step = ckpt.restore(which, template)
+        state, _, step = ckpt.restore(which, template, member=member)
     finally:
         ckpt.close()
     return state, step
