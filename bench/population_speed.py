@@ -30,6 +30,13 @@ stay under ``DIR/population`` and ``DIR/member``. On a CPU the traces hold no GP
 line says so.
 
     python bench/population_speed.py --trace /tmp/ptrace   # on the H200
+
+``--variant NAME:K=V,...`` (repeatable): the levers of the trace, each against the baseline in
+the same process — the population and ``--sample-members`` members alone (the same γ: one
+compilation), the 16 sequential runs estimated as 16 × the sampled members' mean:
+
+    python bench/population_speed.py --variant bf16:kernels.matmul=bf16 \
+        --variant bf16-jnp-kan:kernels.matmul=bf16,kernels.kan=reference
 """
 
 from __future__ import annotations
@@ -336,6 +343,41 @@ def print_trace(pop: dict | None, one: dict | None, members_n: int, top: int) ->
                   f"| {statistics.median(d):.1f} | {src} |")  # fmt: skip
 
 
+def compare_variants(args) -> int:
+    """The population and ``--sample-members`` members alone under the baseline and every
+    ``--variant``, in one process; prints one table row per variant."""
+    runtime.configure(args.compile_cache)
+    base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
+    grid = [f"population.optim.lr=[{args.lrs}]", f"population.loss.gamma=[{args.gammas}]"]
+    named = [("baseline", [])]
+    for item in args.variant:
+        name, _, body = item.partition(":")
+        named.append((name, [o for o in body.split(",") if o]))
+    print(f"# {datetime.date.today()}  jax {jax.__version__}  {jax.devices()[0].device_kind}")
+    rows = []
+    for name, extra in named:
+        cfg = config.load(base, [*overrides(args.tiny), *grid, *extra])
+        prepared = market_lib.prepare(cfg)
+        ms = members(cfg)
+        step = max(1, len(ms) // args.sample_members)  # first key slowest: the same gamma
+        pop = measure(cfg, prepared, args.iters)
+        alone = [measure(ms[i].cfg, prepared, args.iters) for i in range(0, len(ms), step)]
+        assert pop["learning"] == 1.0 and all(r["learning"] == 1.0 for r in alone)
+        est = len(ms) * statistics.mean(r["s"] for r in alone)
+        rows.append((name, " ".join(extra) or "-", pop, alone, est))
+        print(f"{name}: population {pop['s'] * 1e3:.1f} ms, members alone "
+              f"{[round(r['s'] * 1e3, 1) for r in alone]} ms", flush=True)  # fmt: skip
+    print()
+    print("| variant | overrides | population ms/it | one member ms/it (mean of sampled) | "
+          "16 runs, estimated ms | ratio | population first call (s) |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, extra, pop, alone, est in rows:
+        one = statistics.mean(r["s"] for r in alone)
+        print(f"| {name} | {extra} | {pop['s'] * 1e3:.1f} | {one * 1e3:.1f} | {est * 1e3:.1f} | "
+              f"{est / pop['s']:.2f}x | {pop['first_s']:.1f} |")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lrs", default="1e-4,2e-4,3e-4,5e-4", help="population.optim.lr values")
@@ -352,7 +394,24 @@ def main() -> int:
     ap.add_argument("--trace-calls", type=int, default=2, help="traced iterations per program")
     ap.add_argument("--trace-member", type=int, default=0, help="the member traced alone")
     ap.add_argument("--top", type=int, default=15, help="kernels and sources listed per table")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:K=V,...",
+        help="also time the population and sampled members with these overrides (repeatable); "
+        "e.g. bf16:kernels.matmul=bf16",
+    )
+    ap.add_argument(
+        "--sample-members",
+        type=int,
+        default=4,
+        help="with --variant: members timed alone per variant (same gamma, one compilation); "
+        "the sequential time is estimated as members x their mean",
+    )
     args = ap.parse_args()
+    if args.variant:
+        return compare_variants(args)
     # The programs' own XLA flags and compilation cache: sixteen ordinary runs would share the
     # cache (members with the same γ compile the same program; the learning rate is state).
     runtime.configure(args.compile_cache)

@@ -12,7 +12,7 @@ from jaxdqn import config
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.iteration import make_iteration
 from jaxdqn.agent.population import make_member_values, population_keys
-from jaxdqn.config.members import members
+from jaxdqn.config.members import members, num_members, population_size
 from jaxdqn.market import market as market_setup
 from jaxdqn.program.records.logger import RunLogger
 from jaxdqn.program.report import run_statistics
@@ -51,7 +51,7 @@ def test_h1_grid_is_every_combination_first_key_slowest():
             "population.model.ah=[8,16]",
             r"population\.model\.ah: a population varies only optim\.lr",
         ),
-        ("population.random=4", r"population\.random: a population varies only"),
+        ("population.sampler=4", r"population\.sampler: a population varies only"),
         (
             "population.optim.lr=[0.001,-1]",
             r"population member \(optim\.lr=-1\.0\): optim\.lr: must be >= 0",
@@ -63,6 +63,31 @@ def test_h1_grid_is_every_combination_first_key_slowest():
 def test_h1_bad_keys_and_values_are_one_line_errors(override, message):
     with pytest.raises(config.ConfigError, match=message):
         config.load(CONFIGS / "smoke.yaml", [override])
+
+
+def test_h1_random_population_draws_each_key_in_its_range():
+    ranges = ["population.optim.lr=[1e-4,1e-2]", "population.loss.gamma=[0.8,0.99]"]
+    cfg = config.load(CONFIGS / "smoke.yaml", ["population.random=6", "population.seed=3", *ranges])
+    ms = members(cfg)
+    assert len(ms) == num_members(cfg) == 6 and population_size(cfg) == 6
+    u = np.random.default_rng(3).random((6, 2))  # by hand: lr log-uniform, γ uniform
+    np.testing.assert_allclose(
+        [m.cfg.optim.lr for m in ms], np.exp(np.log(1e-4) + u[:, 0] * np.log(100.0)), rtol=1e-12
+    )
+    np.testing.assert_allclose([m.cfg.loss.gamma for m in ms], 0.8 + u[:, 1] * 0.19, rtol=1e-12)
+    assert [m.overrides["optim.lr"] for m in ms] == [m.cfg.optim.lr for m in ms]
+    assert members(cfg) == ms  # the same config draws the same members
+    other = config.load(CONFIGS / "smoke.yaml", ["population.random=6", *ranges])
+    assert [m.cfg.optim.lr for m in members(other)] != [m.cfg.optim.lr for m in ms]
+    for over, message in [
+        (["population.random=4", "population.optim.lr=[1e-4,1e-3,1e-2]"], "draws from a range"),
+        (["population.random=4", "population.loss.gamma=[0.99,0.9]"], "low < high"),
+        (["population.random=4", "population.loss.polyak_tau=[0,0.01]"], "needs low > 0"),
+        (["population.random=4"], "list the range of at least one key"),
+        (["population.random=-1"], "population.random: must be >= 0"),
+    ]:
+        with pytest.raises(config.ConfigError, match=message):
+            config.load(CONFIGS / "smoke.yaml", over)
 
 
 def test_h1_member_values_are_member_major_float32():

@@ -193,7 +193,8 @@ def _unknown(key: str, value: Any) -> str:
             key = f"{key}.{next(iter(value))}"
         return (
             f"{key}: a population varies only {', '.join(POPULATION_KEYS)} (values that "
-            "change no array shape); train other values as separate runs"
+            "change no array shape; population.random and population.seed draw them from "
+            "ranges); search other values as separate runs (python -m jaxdqn.sweep)"
         )
     section = key.split(".", 1)[0]
     if section in _SPLIT_SECTIONS:

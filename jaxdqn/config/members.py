@@ -1,9 +1,10 @@
 """The members of a hyperparameter population (:mod:`jaxdqn.config.population_sections`).
 
 :func:`members` expands ``cfg.population`` into its grid: one :class:`Member` per combination
-of the listed values, each with the config it trains (the values set, checked exactly as the
-same ``key=value`` overrides would be) and its overrides for reports. A config without a
-population has one member, itself.
+of the listed values (or ``population.random`` members drawn from the listed ranges), each
+with the config it trains (the values set, checked exactly as the same ``key=value``
+overrides would be) and its overrides for reports. A config without a population has one
+member, itself.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from jaxdqn.config import loading
 from jaxdqn.config.loading import _build, _set_nested, to_dict
-from jaxdqn.config.population_sections import POPULATION_KEYS, PopulationConfig
+from jaxdqn.config.population_sections import LOG_UNIFORM, POPULATION_KEYS, PopulationConfig
 from jaxdqn.config.sections import Config, ConfigError
 
 __all__ = [
@@ -60,13 +63,18 @@ def members(cfg: Config) -> tuple[Member, ...]:
     """
     grid = population_grid(cfg.population)
     if not grid:
+        if cfg.population.random:
+            raise ConfigError("population.random: list the range of at least one key to draw")
         return (Member({}, cfg),)
     for key, values in grid.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"population.{key}: a value is listed twice ({list(values)})")
     base = to_dict(dataclasses.replace(cfg, population=PopulationConfig()))
     out = []
-    for combo in itertools.product(*grid.values()):
+    combos = _draws(cfg.population, grid) if cfg.population.random else itertools.product(
+        *grid.values()
+    )  # fmt: skip
+    for combo in combos:
         overrides = dict(zip(grid, combo, strict=True))
         member_tree = copy.deepcopy(base)
         for key, value in overrides.items():
@@ -80,8 +88,34 @@ def members(cfg: Config) -> tuple[Member, ...]:
     return tuple(out)
 
 
+def _draws(population: PopulationConfig, ranges: dict[str, tuple[float, ...]]) -> list[tuple]:
+    """``population.random`` members' values: per member and key (in ``ranges`` order) one draw
+    from ``[low, high]``, log-uniform for :data:`LOG_UNIFORM` keys, from a generator seeded
+    with ``population.seed`` (the same config draws the same members)."""
+    for key, values in ranges.items():
+        if len(values) != 2 or not values[0] < values[1]:
+            raise ConfigError(
+                f"population.{key}: population.random draws from a range [low, high] with low "
+                f"< high, got {list(values)}"
+            )
+        if key in LOG_UNIFORM and values[0] <= 0:
+            raise ConfigError(f"population.{key}: a log-uniform range needs low > 0")
+    rng = np.random.default_rng(population.seed)
+    u = rng.random((population.random, len(ranges)))
+    cols = []
+    for j, (key, (lo, hi)) in enumerate(ranges.items()):
+        if key in LOG_UNIFORM:
+            cols.append(np.exp(np.log(lo) + u[:, j] * (np.log(hi) - np.log(lo))))
+        else:
+            cols.append(lo + u[:, j] * (hi - lo))
+    return [tuple(float(c[i]) for c in cols) for i in range(population.random)]
+
+
 def num_members(cfg: Config) -> int:
-    """``M``: the members of ``cfg``'s population (the grid's size; 1 without one)."""
+    """``M``: the members of ``cfg``'s population (the grid's size, or ``population.random``;
+    1 without one)."""
+    if cfg.population.random and population_grid(cfg.population):
+        return cfg.population.random
     return math.prod(len(v) for v in population_grid(cfg.population).values())
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from jaxdqn.config.fields import _f, _sub
 
 __all__ = [
+    "LOG_UNIFORM",
     "POPULATION_KEYS",
     "PopulationConfig",
     "PopulationLoss",
@@ -49,6 +50,14 @@ class PopulationConfig:
     optim: PopulationOptim = _sub(PopulationOptim, "members' optim values")
     loss: PopulationLoss = _sub(PopulationLoss, "members' loss values")
     replay: PopulationReplay = _sub(PopulationReplay, "members' replay values")
+    random: int = _f(
+        0,
+        "members drawn at random instead of the grid: every listed key then gives its range "
+        "[low, high] (optim.lr, loss.polyak_tau and loss.entropy_base log-uniform, loss.gamma "
+        "and replay.priority_beta0 uniform); 0: the grid of the listed values",
+        lo=0,
+    )
+    seed: int = _f(0, "seed of the random members' draw (population.random)")
 
 
 POPULATION_KEYS: tuple[str, ...] = (
@@ -59,3 +68,6 @@ POPULATION_KEYS: tuple[str, ...] = (
     "replay.priority_beta0",
 )
 """The keys a population may vary, in grid order (the first varies slowest)."""
+
+LOG_UNIFORM: frozenset[str] = frozenset({"optim.lr", "loss.polyak_tau", "loss.entropy_base"})
+"""The keys a random population draws log-uniformly (scales); the others uniformly."""
