@@ -80,6 +80,7 @@ def pytest_unconfigure(config):
 HEAVY_FIRST = (
     "test_sweep.py",
     "test_sweep_postgres.py",
+    "test_sweep_population.py",
     "test_train.py",
     "test_scale.py",
     "test_scale_runs.py",
