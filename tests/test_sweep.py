@@ -141,6 +141,16 @@ def test_h2_a_dead_workers_trial_is_requeued_to_resume_its_run(tmp_path):
     assert study.redact("postgresql://u:secret@h/db") == "postgresql://u:***@h/db"
 
 
+def test_h2_workers_of_one_study_draw_apart(monkeypatch):
+    """Workers seeded alike would propose the same values: each mixes in its host and pid."""
+    seeds = []
+    for pid in (4000, 4001, 4000):
+        monkeypatch.setattr(os, "getpid", lambda pid=pid: pid)
+        seeds.append(study.worker_seed(0))
+    assert seeds[0] != seeds[1] and seeds[0] == seeds[2]
+    assert study.worker_seed(1) != seeds[2]
+
+
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

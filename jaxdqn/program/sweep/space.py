@@ -7,8 +7,8 @@ the search space, typed and checked before any trial starts.
     trials: 12                  # completed trials the search needs (all workers together)
     metric: sharpe              # the val metric a trial reports (its summary.json "val")
     direction: maximize         # maximize | minimize
-    sampler: tpe                # tpe | random (Optuna's samplers, seeded with `seed`)
-    seed: 0
+    sampler: tpe                # tpe | random (Optuna's samplers)
+    seed: 0                     # mixed with each worker's host and pid: workers draw apart
     max_failed: 12              # failed trials (bad values, non-finite runs) that stop it
     space:                      # a dotted config key per parameter:
       optim.lr: {low: 1.0e-4, high: 3.0e-3, log: true}     # float range (log: log-uniform)

@@ -14,7 +14,9 @@ interrupted with SIGINT is requeued the same way.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +35,7 @@ __all__ = [
     "redact",
     "requeue",
     "trial_rows",
+    "worker_seed",
 ]
 
 MAX_RETRIES = 3
@@ -88,12 +91,23 @@ def _storage(url: str, heartbeat_s: int) -> Any:
         raise ConfigError(f"--storage {redact(url)}: cannot open it ({first})") from None
 
 
+def worker_seed(seed: int) -> int:
+    """The sampler seed of this worker: ``seed`` mixed with the host and process id, so that
+    workers of one study draw different values (workers seeded alike would propose the same
+    trials; a search over several workers is not repeatable draw by draw anyway)."""
+    import numpy as np
+
+    host = int.from_bytes(socket.gethostname().encode()[:8].ljust(8, b"\0"), "little")
+    return int(np.random.SeedSequence([seed, host, os.getpid()]).generate_state(1)[0])
+
+
 def _sampler(spec: SweepSpec) -> Any:
     import optuna
 
+    seed = worker_seed(spec.seed)
     if spec.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=spec.seed)
-    return optuna.samplers.TPESampler(seed=spec.seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def open_study(spec: SweepSpec, url: str, *, resume: bool, heartbeat_s: int = 10) -> Any:
