@@ -108,6 +108,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 1
     finally:
         codes = [c.wait() for c in children]
+    if payload is None and children:  # one of this command's own workers wrote the finale
+        payload = _already_written(sweep_dir, st)
     if payload is None:
         _say(f"the finale is written by another worker: {sweep_dir / finale.SWEEP_MD}")
     else:
