@@ -175,6 +175,24 @@ def test_h2_sweep_refuses_bad_input_with_one_line(tmp_path):
     assert walkforward.main(["--config", str(SMOKE), "eval.walk_test=false"]) == 2
 
 
+def test_h2_failed_trials_keep_their_error_and_stop_at_max_failed(tmp_path):
+    """Values whose combination the config refuses fail their trial (the error kept in the
+    study, one line from the worker); ``max_failed`` failures stop the search with exit 1."""
+    space_ = {
+        "replay.capacity": {"choices": [256, 300]},  # each end is valid on its own,
+        "replay.learning_starts": {"choices": [1024, 2000]},  # no combination is
+    }
+    sweep = _spec_file(tmp_path, study="bad", max_failed=2, space=space_)
+    r = _sweep([sweep, "--dir", tmp_path / "s"], tmp_path, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert "2 trials failed (max_failed 2); the last: ConfigError: replay.capacity" in r.stderr
+    assert r.stdout.count(": failed: replay.capacity: must hold") == 2, r.stdout
+    assert not (tmp_path / "s" / "trials").exists() or not any(
+        (tmp_path / "s" / "trials").iterdir()
+    )
+
+
 def _started(log: Path) -> int | None:
     """The trial a worker's log says it is running (its last "started" line)."""
     lines = [ln for ln in log.read_text().splitlines() if ": started" in ln]

@@ -120,7 +120,7 @@ def open_study(spec: SweepSpec, url: str, *, resume: bool, heartbeat_s: int = 10
     """
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: the worker says why
     storage = _storage(url, heartbeat_s)
     names = {s.study_name for s in optuna.get_all_study_summaries(storage)}
     if resume and spec.study not in names:
