@@ -37,21 +37,20 @@ def postgres_url():
     pytest.importorskip("psycopg", reason="psycopg (the PostgreSQL driver) is not installed")
     initdb, pg_ctl = bins
     folder = Path(tempfile.mkdtemp(prefix="jaxdqn_pg_"))
-    demote = None
+    as_user = {}
     if os.geteuid() == 0:  # PostgreSQL refuses to run as root: as its own user, else nobody
         try:
             user = pwd.getpwnam("postgres")
         except KeyError:
             user = pwd.getpwnam("nobody")
         os.chown(folder, user.pw_uid, user.pw_gid)
-        demote = lambda: (os.setgid(user.pw_gid), os.setuid(user.pw_uid))
+        # (subprocess's user/group: set in C, no Python run between fork and exec)
+        as_user = {"user": user.pw_uid, "group": user.pw_gid}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = folder / "data"
-    run = lambda cmd: subprocess.run(
-        cmd, preexec_fn=demote, capture_output=True, text=True, timeout=120
-    )
+    run = lambda cmd: subprocess.run(cmd, capture_output=True, text=True, timeout=120, **as_user)
     r = run([initdb, "-D", str(data), "-U", "sweep", "--auth=trust"])
     assert r.returncode == 0, r.stderr
     opts = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1"
