@@ -149,6 +149,32 @@ def test_h1_members_equal_their_separate_runs():
         np.testing.assert_array_equal(pop.replay.storage.action[i], one.replay.storage.action[0])
 
 
+@pytest.mark.slow
+def test_h1_priority_alpha_members_equal_their_runs():
+    """L8's α as a member value: the store step's new priorities and the learner's updated
+    ones use each member's own exponent, as its run does; prioritised replay off refuses it."""
+    cfg = config.load(CONFIGS / "smoke.yaml", ["population.replay.priority_alpha=[0.9,0.2]"])
+    ms = members(cfg)
+    prepared = market_setup.prepare(cfg)
+    keys = population_keys(cfg.seed, len(ms), 1)
+    lrs = [m.cfg.optim.lr for m in ms]
+    pop, pop_history = _run(_programs(cfg, prepared, 2), cfg, prepared, keys, lrs, 6)
+    roots = np.asarray(pop.replay.tree[0])[:, 0]  # Σ p_i^α of each member's replay
+    assert not np.isclose(roots[0], roots[1], rtol=1e-3)  # two different exponents
+    for i, m in enumerate(ms):
+        one, one_history = _run(_programs(m.cfg, prepared, 1), m.cfg, prepared, keys[i : i + 1],
+                                None, 6)  # fmt: skip
+        for pm, om in zip(pop_history, one_history, strict=True):
+            for k in ("loss", "loss_c51", "q_gap"):
+                np.testing.assert_allclose(pm[k][i], om[k][0], rtol=2e-4, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(roots[i], np.asarray(one.replay.tree[0])[0, 0], rtol=1e-4)
+        for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
+            np.testing.assert_allclose(a[i], b[0], rtol=1e-3, atol=1e-5)
+    with pytest.raises(config.ConfigError, match=r"replay\.prioritised is off"):
+        config.load(CONFIGS / "smoke.yaml", ["population.replay.priority_alpha=[0.6,0.3]",
+                                             "replay.prioritised=false"])  # fmt: skip
+
+
 def test_h1_members_average_their_seeds_and_the_best_val_wins(tmp_path):
     cfg = config.load(CONFIGS / "smoke.yaml", [*GRID, "train.num_seeds=2"])
     val = [0.1, 0.3, -0.5, 0.1, 0.9, 0.5, float("nan"), 0.2]  # agents, member-major

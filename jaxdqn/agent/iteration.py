@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdqn.agent import nstep as nstep_lib
+from jaxdqn.agent import replay as replay_lib
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.market import env as env_lib
@@ -97,7 +98,10 @@ def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
     )
     flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), trans)
     scale = flat.selectivity if agent.selectivity else jnp.ones_like(flat.reward)
-    replay_state = agent.replay.add_scaled(state.replay, flat, scale, valid.reshape(-1))
+    alpha = agent.replay.alpha if state.members is None else state.members.alpha  # its own α
+    replay_state = replay_lib.add_scaled(
+        state.replay, flat, scale, valid.reshape(-1), alpha=alpha, eps=agent.replay.eps
+    )
     shards = agent.shards  # the reward std is over every device's transitions
     observed = agent.dynamics.observe_rollout(
         state.dynamics, shards.gather(flat.reward), shards.gather(valid.reshape(-1))

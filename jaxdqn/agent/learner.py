@@ -20,6 +20,7 @@ import optax
 
 from jaxdqn.agent import dynamics as dynamics_lib
 from jaxdqn.agent import losses, targets
+from jaxdqn.agent import replay as replay_lib
 from jaxdqn.agent.dynamics import BatchObservation, Dynamics
 from jaxdqn.agent.losses import Loss, LossCoefficients, LossInputs, LossParts
 from jaxdqn.agent.population import MemberValues
@@ -185,6 +186,7 @@ class LearnerHypers(NamedTuple):
     entropy_base: Any  # L4 base coefficient
     loss: LossCoefficients  # the total loss's weights
     gamma_n: Any  # L7's bootstrap discount γⁿ
+    replay_alpha: Any  # L8 priority exponent α of the new priorities
 
 
 class Pieces(NamedTuple):
@@ -310,7 +312,13 @@ def step(
     upd, opt_state = pieces.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, upd)
     updates = state.updates + 1
-    replay_state = pieces.replay.set_priorities(state.replay, batch.indices, parts.per_sample)
+    replay_state = replay_lib.set_priorities(
+        state.replay,
+        batch.indices,
+        parts.per_sample,
+        alpha=hypers.replay_alpha,
+        eps=pieces.replay.eps,
+    )
     target_params = update_target(
         params,
         state.target_params,
@@ -346,7 +354,7 @@ def step(
 
 
 def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> LearnerHypers:
-    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ); unchanged
+    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ, α); unchanged
     without a population."""
     if members is None:
         return hypers
@@ -355,6 +363,7 @@ def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> Learne
         polyak_rate=members.polyak_rate,
         entropy_base=members.entropy_base,
         gamma_n=members.gamma_n,
+        replay_alpha=members.alpha,
     )
 
 
@@ -414,6 +423,7 @@ def make_learner(
         entropy_base=loss_cfg.entropy_base,
         loss=pieces.loss.coefficients,
         gamma_n=resolved.gamma_n,
+        replay_alpha=pieces.replay.alpha,
     )
     bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
     return Learner(

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxdqn.agent.resolve import replay_weighting
 from jaxdqn.config import Config
 
 __all__ = ["MemberValues", "make_member_values", "population_keys"]
@@ -36,6 +37,8 @@ class MemberValues:
       polyak_rate: L2's Polyak rate (``loss.polyak_tau``).
       entropy_base: L4's base coefficient (``loss.entropy_base``).
       beta0: L8's IS exponent at update 0 (``replay.priority_beta0``).
+      alpha: L8's priority exponent (``replay.priority_alpha``; 0 with ``replay.prioritised``
+        off, as :func:`jaxdqn.agent.resolve.replay_weighting` has it).
     """
 
     lr: chex.Array
@@ -44,6 +47,7 @@ class MemberValues:
     polyak_rate: chex.Array
     entropy_base: chex.Array
     beta0: chex.Array
+    alpha: chex.Array
 
 
 def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberValues:
@@ -57,6 +61,7 @@ def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberV
             c.loss.polyak_tau,
             c.loss.entropy_base,
             c.replay.priority_beta0,
+            replay_weighting(c.replay)[0],
         )
         for c in member_cfgs
     ]

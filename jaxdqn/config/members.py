@@ -66,6 +66,11 @@ def members(cfg: Config) -> tuple[Member, ...]:
         if cfg.population.random:
             raise ConfigError("population.random: list the range of at least one key to draw")
         return (Member({}, cfg),)
+    if "replay.priority_alpha" in grid and not cfg.replay.prioritised:
+        raise ConfigError(
+            "population.replay.priority_alpha: replay.prioritised is off (every α is 0: "
+            "uniform sampling)"
+        )
     for key, values in grid.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"population.{key}: a value is listed twice ({list(values)})")

@@ -43,6 +43,9 @@ class PopulationLoss:
 @dataclass(frozen=True)
 class PopulationReplay:
     priority_beta0: tuple[float, ...] = _f((), f"replay.priority_beta0 (L8 IS β₀): {_VALUES}")
+    priority_alpha: tuple[float, ...] = _f(
+        (), f"replay.priority_alpha (L8 priority exponent α; replay.prioritised on): {_VALUES}"
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ POPULATION_KEYS: tuple[str, ...] = (
     "loss.polyak_tau",
     "loss.entropy_base",
     "replay.priority_beta0",
+    "replay.priority_alpha",
 )
 """The keys a population may vary, in grid order (the first varies slowest)."""
 
