@@ -150,29 +150,38 @@ def test_h1_members_equal_their_separate_runs():
 
 
 @pytest.mark.slow
-def test_h1_priority_alpha_members_equal_their_runs():
-    """L8's α as a member value: the store step's new priorities and the learner's updated
-    ones use each member's own exponent, as its run does; prioritised replay off refuses it."""
-    cfg = config.load(CONFIGS / "smoke.yaml", ["population.replay.priority_alpha=[0.9,0.2]"])
+def test_h1_alpha_and_spread_members_equal_their_runs():
+    """L8's α (the store step's new priorities, the learner's updated ones) and L3's weight as
+    member values, drawn by a random population: each member follows its own run; without
+    the component they are refused."""
+    grid = ["population.random=2", "population.seed=3"]  # α 0.26 / 0.76, L3 0.043 / 0.13
+    grid += [
+        "population.replay.priority_alpha=[0.2,0.9]",
+        "population.loss.spread_weight=[0.02,0.5]",
+    ]
+    cfg = config.load(CONFIGS / "smoke.yaml", grid)
     ms = members(cfg)
+    for key in ("replay.priority_alpha", "loss.spread_weight"):  # two members apart in both
+        assert abs(ms[0].overrides[key] - ms[1].overrides[key]) > 0.1 * ms[1].overrides[key]
     prepared = market_setup.prepare(cfg)
     keys = population_keys(cfg.seed, len(ms), 1)
     lrs = [m.cfg.optim.lr for m in ms]
     pop, pop_history = _run(_programs(cfg, prepared, 2), cfg, prepared, keys, lrs, 6)
     roots = np.asarray(pop.replay.tree[0])[:, 0]  # Σ p_i^α of each member's replay
-    assert not np.isclose(roots[0], roots[1], rtol=1e-3)  # two different exponents
+    assert not np.isclose(pop_history[-1]["loss"][0], pop_history[-1]["loss"][1], rtol=1e-4)
     for i, m in enumerate(ms):
         one, one_history = _run(_programs(m.cfg, prepared, 1), m.cfg, prepared, keys[i : i + 1],
                                 None, 6)  # fmt: skip
         for pm, om in zip(pop_history, one_history, strict=True):
-            for k in ("loss", "loss_c51", "q_gap"):
+            for k in ("loss", "loss_c51", "loss_spread", "q_gap"):
                 np.testing.assert_allclose(pm[k][i], om[k][0], rtol=2e-4, atol=1e-6, err_msg=k)
         np.testing.assert_allclose(roots[i], np.asarray(one.replay.tree[0])[0, 0], rtol=1e-4)
         for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-3, atol=1e-5)
-    with pytest.raises(config.ConfigError, match=r"replay\.prioritised is off"):
-        config.load(CONFIGS / "smoke.yaml", ["population.replay.priority_alpha=[0.6,0.3]",
-                                             "replay.prioritised=false"])  # fmt: skip
+    for needs, key in [("replay.prioritised=false", "replay.priority_alpha"),
+                       ("loss.spread=false", "loss.spread_weight")]:  # fmt: skip
+        with pytest.raises(config.ConfigError, match=rf"population\.{key}: .* is off"):
+            config.load(CONFIGS / "smoke.yaml", [*grid, needs])
 
 
 def test_h1_members_average_their_seeds_and_the_best_val_wins(tmp_path):

@@ -354,8 +354,8 @@ def step(
 
 
 def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> LearnerHypers:
-    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ, α); unchanged
-    without a population."""
+    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ, α, L3's
+    weights); unchanged without a population."""
     if members is None:
         return hypers
     return hypers._replace(
@@ -364,6 +364,7 @@ def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> Learne
         entropy_base=members.entropy_base,
         gamma_n=members.gamma_n,
         replay_alpha=members.alpha,
+        loss=hypers.loss._replace(spread=members.spread),
     )
 
 

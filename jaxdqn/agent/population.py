@@ -39,6 +39,8 @@ class MemberValues:
       beta0: L8's IS exponent at update 0 (``replay.priority_beta0``).
       alpha: L8's priority exponent (``replay.priority_alpha``; 0 with ``replay.prioritised``
         off, as :func:`jaxdqn.agent.resolve.replay_weighting` has it).
+      spread: ``[4]`` L3's per-branch weights ``loss.spread_weight × spread_branch_scale_b``
+        (:class:`jaxdqn.agent.losses.LossCoefficients`).
     """
 
     lr: chex.Array
@@ -48,6 +50,7 @@ class MemberValues:
     entropy_base: chex.Array
     beta0: chex.Array
     alpha: chex.Array
+    spread: chex.Array
 
 
 def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberValues:
@@ -66,7 +69,11 @@ def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberV
         for c in member_cfgs
     ]
     table = np.repeat(np.asarray(rows, np.float64), num_seeds, axis=0).astype(np.float32)
-    return MemberValues(*(jnp.asarray(table[:, i]) for i in range(table.shape[1])))
+    # L3's weights are products in float64, rounded once, as a single run's coefficients are
+    spread = [[w * c.loss.spread_weight for w in c.loss.spread_branch_scale] for c in member_cfgs]
+    spread = np.repeat(np.asarray(spread, np.float64), num_seeds, axis=0).astype(np.float32)
+    columns = (jnp.asarray(table[:, i]) for i in range(table.shape[1]))
+    return MemberValues(*columns, spread=jnp.asarray(spread))
 
 
 def population_keys(seed: int, num_agents: int, num_seeds: int) -> chex.Array:

@@ -71,6 +71,8 @@ def members(cfg: Config) -> tuple[Member, ...]:
             "population.replay.priority_alpha: replay.prioritised is off (every α is 0: "
             "uniform sampling)"
         )
+    if "loss.spread_weight" in grid and not cfg.loss.spread:
+        raise ConfigError("population.loss.spread_weight: loss.spread is off (L3 is not computed)")
     for key, values in grid.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"population.{key}: a value is listed twice ({list(values)})")

@@ -38,6 +38,9 @@ class PopulationLoss:
     gamma: tuple[float, ...] = _f((), f"loss.gamma (discount γ of the n-step returns): {_VALUES}")
     polyak_tau: tuple[float, ...] = _f((), f"loss.polyak_tau (L2 Polyak rate): {_VALUES}")
     entropy_base: tuple[float, ...] = _f((), f"loss.entropy_base (L4 base): {_VALUES}")
+    spread_weight: tuple[float, ...] = _f(
+        (), f"loss.spread_weight (L3 weight; loss.spread on): {_VALUES}"
+    )
 
 
 @dataclass(frozen=True)
@@ -56,8 +59,8 @@ class PopulationConfig:
     random: int = _f(
         0,
         "members drawn at random instead of the grid: every listed key then gives its range "
-        "[low, high] (optim.lr, loss.polyak_tau and loss.entropy_base log-uniform, loss.gamma "
-        "and replay.priority_beta0 uniform); 0: the grid of the listed values",
+        "[low, high] (the scales optim.lr, loss.polyak_tau, loss.entropy_base and "
+        "loss.spread_weight log-uniform, the others uniform); 0: the grid of the listed values",
         lo=0,
     )
     seed: int = _f(0, "seed of the random members' draw (population.random)")
@@ -70,8 +73,11 @@ POPULATION_KEYS: tuple[str, ...] = (
     "loss.entropy_base",
     "replay.priority_beta0",
     "replay.priority_alpha",
+    "loss.spread_weight",
 )
 """The keys a population may vary, in grid order (the first varies slowest)."""
 
-LOG_UNIFORM: frozenset[str] = frozenset({"optim.lr", "loss.polyak_tau", "loss.entropy_base"})
+LOG_UNIFORM: frozenset[str] = frozenset(
+    {"optim.lr", "loss.polyak_tau", "loss.entropy_base", "loss.spread_weight"}
+)
 """The keys a random population draws log-uniformly (scales); the others uniformly."""
