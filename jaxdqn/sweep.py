@@ -81,6 +81,7 @@ def _spawn(args: argparse.Namespace, sweep_dir: Path, url: str) -> list[subproce
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     runtime.configure_from_args(args)
+    from jaxdqn.program.checkpoints.contents import CheckpointError
     from jaxdqn.program.sweep import finale, space, study, worker
 
     if args.workers < 1 or args.heartbeat < 1:
@@ -98,12 +99,12 @@ def _main(argv: Sequence[str] | None) -> int:
         payload = done or finale.finale(st, spec, sweep_dir, url)
     except KeyboardInterrupt:
         print(
-            f"interrupted: the running trial saved a checkpoint and is requeued; continue "
+            f"interrupted (a running trial saved a checkpoint and is requeued); continue "
             f"with: python -m jaxdqn.sweep {args.sweep} --dir {sweep_dir} --resume",
             file=sys.stderr,
         )
         return 130
-    except study.SweepError as e:
+    except (study.SweepError, CheckpointError) as e:  # the search, or the winner's checkpoint
         print(f"python -m jaxdqn.sweep: error: {e}", file=sys.stderr)
         return 1
     finally:
