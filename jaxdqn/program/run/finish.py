@@ -25,6 +25,7 @@ instrument is in ``baselines_instruments_*.csv``, and ``instruments`` and ``pane
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,20 +64,24 @@ def best_checkpoints(
     ckpt: checkpoint.Checkpointer,
     template: TrainState,
     placed: Placement | None = None,
-) -> list[tuple[TrainState, dict[str, Any], int]]:
-    """Every agent's ``(state, host, step)`` to walk: the best checkpoint (by the mean val
-    Sharpe over the agents) for all, or with a population each member's own best for its
-    agents (each step restored once). ``placed``: the run's devices (every process restores)."""
-    members = ranked_members(cfg)
-    wanted = [ckpt.best_step(member=m) for m in range(members)] if members else [None]
-    restored: dict[Any, tuple[TrainState, dict[str, Any], int]] = {}
-    for step in wanted:
-        if step not in restored:
-            state, host, got = ckpt.restore("best" if step is None else step, template)
+    agents: Sequence[int] | None = None,
+) -> dict[int, tuple[TrainState, dict[str, Any], int]]:
+    """Each agent's ``(state, host, step)`` to walk (``agents``; default every agent): the best
+    checkpoint (by the mean val Sharpe over the agents) for all, or with a population each
+    member's own best for its agents (only the members ``agents`` need, each step restored
+    once). ``placed``: the run's devices (every process restores)."""
+    members, seeds = ranked_members(cfg), cfg.train.num_seeds
+    agents = range(population_size(cfg)) if agents is None else agents
+    member_of = {p: p // seeds if members else None for p in agents}
+    restored: dict[Any, tuple[TrainState, dict[str, Any], int]] = {}  # by best step
+    by_member = {}
+    for m in dict.fromkeys(member_of.values()):
+        step = ckpt.best_step(member=m)
+        if step not in restored:  # (a corrupt best falls back to the member's next best)
+            state, host, got = ckpt.restore("best", template, member=m)
             restored[step] = (placed.view(state) if placed else state, host, got)
-    per_member = [restored[step] for step in wanted]
-    return [per_member[p // cfg.train.num_seeds] if members else per_member[0]
-            for p in range(population_size(cfg))]  # fmt: skip
+        by_member[m] = restored[step]
+    return {p: by_member[m] for p, m in member_of.items()}
 
 
 def finish(
@@ -101,6 +106,7 @@ def finish(
     if placed is not None and not placed.primary:  # under jax.distributed process 0 writes
         return None
     num_seeds = population_size(cfg)  # every agent: members × seeds
+    ranked = ranked_members(cfg) > 0  # a population: each agent at its member's best epoch
     splits = SPLITS if cfg.eval.walk_test else ("val",)
     logs: dict[str, list[pd.DataFrame]] = {split: [] for split in splits}
     walks: dict[str, list[Any]] = {split: [] for split in splits}
@@ -120,7 +126,7 @@ def finish(
                 extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
                 stress_walks.append([res if k == 1.0 else next(extra) for k in multiples])
         per_seed.append({"seed": s, **seed_metrics})
-        if ranked_members(cfg):  # a population: each agent at its member's best epoch
+        if ranked:
             per_seed[-1] |= {"best_epoch": RunState.from_json(host).epoch, "best_step": step}
     for split, frames in logs.items():
         results.write_eval_log(run_dir / f"eval_{split}.csv", frames)

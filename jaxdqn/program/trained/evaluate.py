@@ -124,19 +124,10 @@ def evaluate_run(
     if not chosen or not all(0 <= a < num_seeds for a in chosen):
         raise ConfigError(f"agents {chosen}: the run has agents 0..{num_seeds - 1}")
     # "best" of a population: each member's agents at the member's own best checkpoint
-    by_member = which == "best" and ranked_members(cfg) > 0
-    member_of = lambda a: a // cfg.train.num_seeds if by_member else None
-    restored = {}
-    for a in chosen:
-        if member_of(a) not in restored:
-            restored[member_of(a)] = load.restore_state(
-                run_dir, cfg, agent, prepared, which, member_of(a)
-            )
+    restored = load.restore_agents(run_dir, cfg, agent, prepared, which, agents=chosen)
     out.mkdir(parents=True, exist_ok=True)
-    results = [
-        walk_seed(agent, prepared, cfg.eval, restored[member_of(a)][0], split, a) for a in chosen
-    ]
-    step = restored[member_of(chosen[0])][1]
+    results = [walk_seed(agent, prepared, cfg.eval, restored[a][0], split, a) for a in chosen]
+    step = restored[chosen[0]][1]
     log_path = write_eval_log(out / f"eval_{split}.csv", [r.log for r in results])
     base_logs: dict = {}
     stat_logs, panel = [r.log for r in results], {}
@@ -165,7 +156,7 @@ def evaluate_run(
         "bar_clock": prepared.bar_clock.to_json(),
         "seeds": [r.metrics for r in results],
         **({"agents": chosen} if agents is not None else {}),
-        **({"checkpoint_steps": [restored[member_of(a)][1] for a in chosen]} if by_member else {}),
+        **({"checkpoint_steps": [restored[a][1] for a in chosen]} if ranked_members(cfg) else {}),
         "statistics": stats,
         **panel,
     }

@@ -10,6 +10,7 @@ run's data settings.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,7 +25,14 @@ from jaxdqn.market.errors import DataError
 from jaxdqn.market.splits import Splits
 from jaxdqn.program.checkpoints.checkpoint import Checkpointer
 
-__all__ = ["InstrumentView", "LoadedRun", "load_run", "read_bars", "restore_state"]
+__all__ = [
+    "InstrumentView",
+    "LoadedRun",
+    "load_run",
+    "read_bars",
+    "restore_agents",
+    "restore_state",
+]
 
 
 class InstrumentView(NamedTuple):
@@ -117,20 +125,42 @@ def read_bars(run: LoadedRun, path: str | None) -> dict[str, pd.DataFrame]:
 
 
 def restore_state(
-    run_dir: Path, cfg: Any, agent: Any, prepared: Any, which: str | int, member: int | None = None
+    run_dir: Path, cfg: Any, agent: Any, prepared: Any, which: str | int
 ) -> tuple[Any, int]:
     """``(state, step)``: checkpoint ``which`` (best, latest or a step) of ``run_dir``, the
-    seed-stacked train state of ``agent`` on ``prepared``'s market; ``member``: with ``best``,
-    that population member's own best checkpoint.
+    seed-stacked train state of ``agent`` on ``prepared``'s market.
 
     Raises:
       ConfigError: no checkpoint, or none at step ``which``.
       CheckpointError: the checkpoint cannot be restored.
     """
+    return restore_agents(run_dir, cfg, agent, prepared, which, agents=[0], by_member=False)[0]
+
+
+def restore_agents(
+    run_dir: Path,
+    cfg: Any,
+    agent: Any,
+    prepared: Any,
+    which: str | int,
+    *,
+    agents: Sequence[int] | None = None,
+    by_member: bool = True,
+) -> dict[int, tuple[Any, int]]:
+    """Each agent's ``(state, step)`` to walk (``agents``; default every agent): checkpoint
+    ``which`` for all, except ``best`` of a population (``by_member``), where each member's
+    agents get the member's own best checkpoint, as the run's finish walked them
+    (:func:`jaxdqn.program.run.finish.best_checkpoints`; each step restored once).
+
+    Raises:
+      ConfigError: no checkpoint, or none at step ``which``.
+      CheckpointError: a checkpoint cannot be restored.
+    """
     import jax
 
     from jaxdqn.agent.build import make_init
     from jaxdqn.agent.population import population_keys
+    from jaxdqn.program.run.finish import best_checkpoints
 
     num_seeds = population_size(cfg)  # every agent: members × seeds
     # The restore template: the abstract seed-stacked train state (nothing is computed).
@@ -149,7 +179,10 @@ def restore_state(
             raise ConfigError(
                 f"--checkpoint {which}: {run_dir} has no checkpoint at that step (steps: {shown})"
             )
-        state, _, step = ckpt.restore(which, template, member=member)
+        if which == "best" and by_member:
+            chosen = best_checkpoints(cfg, ckpt, template, agents=agents)
+            return {p: (state, step) for p, (state, _, step) in chosen.items()}
+        state, _, step = ckpt.restore(which, template)
+        return {p: (state, step) for p in (range(num_seeds) if agents is None else agents)}
     finally:
         ckpt.close()
-    return state, step
