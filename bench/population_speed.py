@@ -61,7 +61,7 @@ from bench.hlo_source import _tables, instruction_sources, kernel_instruction  #
 from bench.trace_update import busy_time, gpu_events, kernel_class, source_group  # noqa: E402
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import build_agent  # noqa: E402
-from jaxdqn.config.members import agent_base_lrs, members  # noqa: E402
+from jaxdqn.config.members import agent_configs, members  # noqa: E402
 from jaxdqn.market import market as market_lib  # noqa: E402
 from jaxdqn.program.launch import runtime  # noqa: E402
 from jaxdqn.program.run.placement import place  # noqa: E402
@@ -86,8 +86,8 @@ def measure(cfg: config.Config, prepared, iters: int, keep: bool = False) -> dic
     agent = build_agent(cfg, prepared)
     placed = place(cfg, prepared, agent)
     state = placed.fresh(cfg.seed, cfg.train.num_seeds)
-    sched = schedule(0, 0, 0, cfg.optim, cfg.acting, agent_base_lrs(cfg))
-    state = placed.put(apply_schedule(state, sched, agent.dynamics, 1.0, None))
+    sched = schedule(0, 0, 0, cfg.optim, cfg.acting, agent_configs(cfg))
+    state = placed.put(apply_schedule(state, sched, agent.dynamics, None))
     first = None
     for i in range(2):
         t = time.perf_counter()

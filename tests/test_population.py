@@ -12,7 +12,7 @@ from jaxdqn import config
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.agent.iteration import make_iteration
 from jaxdqn.agent.population import make_member_values, population_keys
-from jaxdqn.config.members import members, num_members, population_size
+from jaxdqn.config.members import agent_configs, members, num_members, population_size
 from jaxdqn.market import market as market_setup
 from jaxdqn.program.records.logger import RunLogger
 from jaxdqn.program.report import run_statistics
@@ -52,6 +52,10 @@ def test_h1_grid_is_every_combination_first_key_slowest():
             r"population\.model\.ah: a population varies only optim\.lr",
         ),
         ("population.sampler=4", r"population\.sampler: a population varies only"),
+        (
+            "population.dynamics.liquid_tau_min=[1,2]",
+            r"population\.dynamics\.liquid_tau_min: a population varies only .*acting\.kappa_start",
+        ),
         (
             "population.optim.lr=[0.001,-1]",
             r"population member \(optim\.lr=-1\.0\): optim\.lr: must be >= 0",
@@ -110,11 +114,12 @@ def _programs(cfg, prepared, n):
     return agent, make_init(agent, num_seeds=n), make_iteration(agent, num_seeds=n)
 
 
-def _run(programs, cfg, prepared, keys, base_lrs, iterations):
+def _run(programs, cfg, prepared, keys, agents, iterations):
     agent, init, iterate = programs
     state = init(prepared.market, keys)
-    sched = schedule(0, 0, 0, cfg.optim, cfg.acting, base_lrs=base_lrs)
-    state = apply_schedule(state, sched, agent.dynamics, 1.0, None)
+    state = apply_schedule(
+        state, schedule(0, 0, 0, cfg.optim, cfg.acting, agents), agent.dynamics, None
+    )
     history = []
     for _ in range(iterations):
         state, metrics = iterate(state, prepared.market)
@@ -131,8 +136,8 @@ def test_h1_members_equal_their_separate_runs():
     ms = members(cfg)
     prepared = market_setup.prepare(cfg)
     keys = population_keys(cfg.seed, len(ms), 1)  # 4 agents, 1 seed each
-    lrs = [m.cfg.optim.lr for m in ms]
-    pop, pop_history = _run(_programs(cfg, prepared, 4), cfg, prepared, keys, lrs, 6)
+    agents = agent_configs(cfg)
+    pop, pop_history = _run(_programs(cfg, prepared, 4), cfg, prepared, keys, agents, 6)
     assert pop_history[-1]["learning"].tolist() == [1.0] * 4
     losses = pop_history[-1]["loss"]
     assert len(set(np.round(losses, 6).tolist())) == 4  # four different agents
@@ -150,36 +155,58 @@ def test_h1_members_equal_their_separate_runs():
 
 
 @pytest.mark.slow
-def test_h1_alpha_and_spread_members_equal_their_runs():
-    """L8's α (the store step's new priorities, the learner's updated ones) and L3's weight as
-    member values, drawn by a random population: each member follows its own run; without
-    the component they are refused."""
-    grid = ["population.random=2", "population.seed=3"]  # α 0.26 / 0.76, L3 0.043 / 0.13
-    grid += [
-        "population.replay.priority_alpha=[0.2,0.9]",
-        "population.loss.spread_weight=[0.02,0.5]",
-    ]
+def test_h1_device_and_acting_member_values_equal_their_runs():
+    """L8's α (the store step's new priorities, the learner's updated ones), L3's weight, the
+    statistics' EMA rate (store step and learner), L7's rates and width, and A1's κ and A2's
+    readiness (written by the host schedule) as member values, drawn by a random population:
+    each member follows its own run; without their component they are refused."""
+    ranges = {
+        "replay.priority_alpha": "[0.2,0.9]",
+        "loss.spread_weight": "[0.02,0.5]",
+        "dynamics.stats_alpha": "[0.003,0.3]",
+        "dynamics.support_sigmas": "[2,8]",
+        "dynamics.support_alpha": "[0.001,0.1]",
+        "dynamics.support_max_alpha": "[0.2,0.9]",
+        "acting.kappa_start": "[0.05,3]",
+        "acting.iqn_readiness": "[0,1]",
+    }
+    grid = ["population.random=2", "population.seed=3"]
+    grid += [f"population.{k}={v}" for k, v in ranges.items()]
     cfg = config.load(CONFIGS / "smoke.yaml", grid)
     ms = members(cfg)
-    for key in ("replay.priority_alpha", "loss.spread_weight"):  # two members apart in both
-        assert abs(ms[0].overrides[key] - ms[1].overrides[key]) > 0.1 * ms[1].overrides[key]
+    for key in ranges:  # the two members are apart in every key
+        a, b = ms[0].overrides[key], ms[1].overrides[key]
+        assert abs(a - b) > 0.1 * max(abs(a), abs(b)), (key, a, b)
     prepared = market_setup.prepare(cfg)
     keys = population_keys(cfg.seed, len(ms), 1)
-    lrs = [m.cfg.optim.lr for m in ms]
-    pop, pop_history = _run(_programs(cfg, prepared, 2), cfg, prepared, keys, lrs, 6)
+    pop, pop_history = _run(_programs(cfg, prepared, 2), cfg, prepared, keys, agent_configs(cfg), 6)
+    np.testing.assert_allclose(  # the host wrote each agent its member's A1 and A2 values
+        pop.dynamics.kappa, [m.cfg.acting.kappa_start for m in ms], rtol=1e-7
+    )
+    np.testing.assert_allclose(
+        pop.dynamics.iqn_readiness, [m.cfg.acting.iqn_readiness for m in ms], rtol=1e-7
+    )
     roots = np.asarray(pop.replay.tree[0])[:, 0]  # Σ p_i^α of each member's replay
-    assert not np.isclose(pop_history[-1]["loss"][0], pop_history[-1]["loss"][1], rtol=1e-4)
+    watched = ("loss", "loss_c51", "loss_spread", "q_gap", "reward_std_ema", "support_half_width")
+    for k in ("loss", "reward_std_ema", "support_half_width"):
+        assert not np.allclose(pop_history[-1][k][0], pop_history[-1][k][1], rtol=1e-4), k
     for i, m in enumerate(ms):
         one, one_history = _run(_programs(m.cfg, prepared, 1), m.cfg, prepared, keys[i : i + 1],
                                 None, 6)  # fmt: skip
         for pm, om in zip(pop_history, one_history, strict=True):
-            for k in ("loss", "loss_c51", "loss_spread", "q_gap"):
+            for k in watched:
                 np.testing.assert_allclose(pm[k][i], om[k][0], rtol=2e-4, atol=1e-6, err_msg=k)
         np.testing.assert_allclose(roots[i], np.asarray(one.replay.tree[0])[0, 0], rtol=1e-4)
+        np.testing.assert_array_equal(pop.replay.storage.action[i], one.replay.storage.action[0])
         for a, b in zip(jax.tree.leaves(pop.params), jax.tree.leaves(one.params), strict=True):
             np.testing.assert_allclose(a[i], b[0], rtol=1e-3, atol=1e-5)
-    for needs, key in [("replay.prioritised=false", "replay.priority_alpha"),
-                       ("loss.spread=false", "loss.spread_weight")]:  # fmt: skip
+    off = {
+        "replay.priority_alpha": "replay.prioritised=false",
+        "loss.spread_weight": "loss.spread=false",
+        "acting.iqn_readiness": "acting.iqn_blend=false",
+        "dynamics.support_sigmas": "dynamics.adaptive_support=false",  # the first L7 key
+    }
+    for key, needs in off.items():
         with pytest.raises(config.ConfigError, match=rf"population\.{key}: .* is off"):
             config.load(CONFIGS / "smoke.yaml", [*grid, needs])
 
@@ -257,3 +284,41 @@ def test_h1_members_are_walked_at_their_own_best_epoch_and_equal_their_runs(tmp_
             np.testing.assert_allclose(
                 one[split]["sharpe"], m[split]["sharpe"], rtol=1e-3, atol=1e-3, err_msg=split
             )
+
+
+SCHEDULE_KEYS = [
+    "population.optim.sgdr_floor=[0.05,0.5]",
+    "population.optim.restart_moment_scale=[0.25,1.0]",
+    "population.acting.kappa_start=[0.5,2.0]",
+    "population.acting.kappa_end=[0.1,0.4]",
+    "population.acting.iqn_readiness=[0.0,0.3]",
+    "population.acting.iqn_readiness_end=[0.6,1.0]",
+]
+
+
+def test_h1_schedule_gives_each_agent_its_members_a1_a2_o2_o3_values():
+    """The host schedule of a population: every agent's learning rate, readiness, κ and O3
+    factor are exactly those its member's own run computes, epoch by epoch (restart included);
+    the members differ in each."""
+    over = ["population.random=3", "population.optim.lr=[1e-4,1e-3]", *SCHEDULE_KEYS]
+    cfg = config.load(CONFIGS / "smoke.yaml", [*over, "train.num_seeds=2", "optim.sgdr_period=3"])
+    agents = agent_configs(cfg)
+    assert len(agents) == 6 and agents[0] is agents[1] and agents[1] is not agents[2]
+    for epoch in range(8):
+        got = schedule(epoch, 0, 0, cfg.optim, cfg.acting, agents)
+        assert got.restart == (epoch in (3, 6))
+        for name in ("lr", "readiness", "kappa", "moment_scale"):
+            own = [getattr(schedule(epoch, 0, 0, a.optim, a.acting), name) for a in agents]
+            assert getattr(got, name) == tuple(own), (epoch, name)
+            if epoch:  # at epoch 0 the floors and end values play no part yet
+                assert len(set(own)) == 3, (epoch, name)
+
+
+def test_h1_m14_validation_ema_runs_at_each_members_rate():
+    over = ["population.dynamics.eval_q_std_alpha=[0.1,0.9]", "train.num_seeds=2"]
+    cfg = config.load(CONFIGS / "smoke.yaml", over)
+    agent = build_agent(cfg, market_setup.prepare(cfg))
+    ema = agent.dynamics.next_eval_q_std([1.0, 1.0, 1.0, 1.0], np.float32([2.0, 3.0, 2.0, 3.0]))
+    np.testing.assert_allclose(ema, [1.1, 1.2, 1.9, 2.8], rtol=1e-6)
+    with pytest.raises(config.ConfigError, match=r"eval_q_std_alpha: dynamics\.liquid is off"):
+        config.load(CONFIGS / "smoke.yaml", [*over, "dynamics.liquid=false"])

@@ -134,8 +134,8 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     bumped = state.replace(
         opt_state=jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
     )
-    sched = EpochSchedule(lr=3e-4, restart=True, readiness=0.625, kappa=0.4375)
-    out = apply_schedule(bumped, sched, agent.dynamics, 0.5, [0.25, 0.75])
+    sched = EpochSchedule(lr=3e-4, restart=True, readiness=0.625, kappa=0.4375, moment_scale=0.5)
+    out = apply_schedule(bumped, sched, agent.dynamics, [0.25, 0.75])
     assert _avals(out) == _avals(state)
     lr = np.asarray(jax.vmap(optim.get_learning_rate)(out.opt_state))
     np.testing.assert_array_equal(lr, np.full(2, 3e-4, np.float32))
@@ -148,7 +148,7 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
     np.testing.assert_array_equal(out.dynamics.kappa, np.float32([0.4375, 0.4375]))
     np.testing.assert_array_equal(out.dynamics.eval_q_std_ema, np.float32([0.25, 0.75]))
     # No restart: moments untouched; no EMA yet (before the first validation): zeros.
-    calm = apply_schedule(bumped, EpochSchedule(1e-3, False, 0.5, 1.0), agent.dynamics, 0.5, None)
+    calm = apply_schedule(bumped, EpochSchedule(1e-3, False, 0.5, 1.0, 0.5), agent.dynamics, None)
     for a, b in zip(
         jax.tree.leaves(_main_adam(bumped.opt_state)),
         jax.tree.leaves(_main_adam(calm.opt_state)),
@@ -157,6 +157,29 @@ def test_o2_o3_a2_apply_writes_values_and_keeps_avals(smoke):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(calm.dynamics.eval_q_std_ema, np.zeros(2, np.float32))
     np.testing.assert_array_equal(calm.dynamics.kappa, np.ones(2, np.float32))
+
+
+@pytest.mark.slow
+def test_h1_apply_writes_each_agents_own_values(smoke):
+    """A population's schedule (``[P]`` values): each agent's learning rate, readiness and κ
+    written, and at a restart each agent's Adam moments scaled by its own O3 factor."""
+    agent, _, state, _ = smoke
+    bumped = state.replace(
+        opt_state=jax.tree.map(lambda x: x + 1.0 if x.dtype == np.float32 else x, state.opt_state)
+    )
+    sched = EpochSchedule((3e-4, 1e-3), True, (0.1, 0.9), (2.0, 0.5), (0.5, 0.25))
+    out = apply_schedule(bumped, sched, agent.dynamics, None)
+    assert _avals(out) == _avals(state)
+    lr = np.asarray(jax.vmap(optim.get_learning_rate)(out.opt_state))
+    np.testing.assert_array_equal(lr, np.float32([3e-4, 1e-3]))
+    np.testing.assert_array_equal(out.dynamics.iqn_readiness, np.float32([0.1, 0.9]))
+    np.testing.assert_array_equal(out.dynamics.kappa, np.float32([2.0, 0.5]))
+    scale = np.float32([0.5, 0.25]).reshape(2, 1)
+    for before, after in zip(_main_adam(bumped.opt_state), _main_adam(out.opt_state), strict=True):
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after), strict=True):
+            if a.dtype == np.float32:  # μ and ν; the step count is untouched
+                flat = np.asarray(a).reshape(2, -1)
+                np.testing.assert_array_equal(flat * scale, np.asarray(b).reshape(2, -1))
 
 
 @pytest.mark.slow
@@ -171,10 +194,8 @@ def test_a1_kappa_written_by_apply_schedule_drives_the_acting_temperature(smoke)
     )
 
     def acted(kappa):
-        sched = EpochSchedule(lr=1e-3, restart=False, readiness=0.5, kappa=kappa)
-        return np.asarray(
-            actions(apply_schedule(state, sched, agent.dynamics, 0.5, None), p.market)
-        )
+        sched = EpochSchedule(lr=1e-3, restart=False, readiness=0.5, kappa=kappa, moment_scale=0.5)
+        return np.asarray(actions(apply_schedule(state, sched, agent.dynamics, None), p.market))
 
     one = acted(1.0)
     np.testing.assert_array_equal(acted(1.0), one)
@@ -197,7 +218,7 @@ def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
     ema = None
     for epoch in range(6):  # restarts at 4 (period 4), lr and readiness change every epoch
         sched = schedule(epoch, 0, 0, OPT, ACT)
-        state = apply_schedule(state, sched, agent.dynamics, OPT.restart_moment_scale, ema)
+        state = apply_schedule(state, sched, agent.dynamics, ema)
         state, _ = iterate(put(state), p.market)
         ema = [0.1 * (epoch + 1), 0.2]
     state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))

@@ -11,6 +11,7 @@ by the jitted iteration and initialiser.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -18,11 +19,11 @@ import jax.numpy as jnp
 import optax
 
 from jaxdqn.agent import acting, dynamics, learner, losses, nstep, optim, population, replay
-from jaxdqn.agent.resolve import resolve
+from jaxdqn.agent.resolve import Resolved, resolve
 from jaxdqn.agent.state import TrainState
 from jaxdqn.branches import NUM_BRANCHES
 from jaxdqn.config import Config, ReplayConfig
-from jaxdqn.config.members import members, population_grid
+from jaxdqn.config.members import agent_configs, members, population_grid
 from jaxdqn.market import env as env_lib
 from jaxdqn.market.market import PanelPrepared, Prepared
 from jaxdqn.model import network
@@ -32,6 +33,7 @@ __all__ = [
     "SHARDED_FIELDS",
     "Agent",
     "build_agent",
+    "make_agent_dynamics",
     "make_init",
     "make_population_values",
     "make_replay",
@@ -132,13 +134,7 @@ def build_agent(
             xlstm_lr=oc.xlstm_lr,
             flat=oc.flat,
         ),
-        dynamics=dynamics.make_dynamics(
-            cfg.dynamics,
-            num_atoms=cfg.model.num_atoms,
-            gamma_n=r.gamma_n,
-            reward_unit=unit,
-            gap_cap=r.spread_max_gap,
-        ),
+        dynamics=make_agent_dynamics(r),
     )
     train_range = market.bar_range("train")
     return Agent(
@@ -163,6 +159,26 @@ def build_agent(
         updates=cfg.optim.updates,
         shards=shards,
     )
+
+
+def make_agent_dynamics(r: Resolved) -> dynamics.Dynamics:
+    """The training-statistics functions of the resolved config ``r`` (its reward unit, γⁿ and
+    L3 bound); a population's host EMA of the validation Q spread (M14) runs at each agent's
+    own ``dynamics.eval_q_std_alpha``."""
+    cfg = r.cfg
+    dyn = dynamics.make_dynamics(
+        cfg.dynamics,
+        num_atoms=cfg.model.num_atoms,
+        gamma_n=r.gamma_n,
+        reward_unit=r.reward_unit,
+        gap_cap=r.spread_max_gap,
+    )
+    agent_cfgs = agent_configs(cfg)
+    if agent_cfgs is None:
+        return dyn
+    rates = tuple(c.dynamics.eval_q_std_alpha for c in agent_cfgs)
+    each = functools.partial(dynamics.next_eval_q_std, alpha=rates)
+    return dataclasses.replace(dyn, next_eval_q_std=each)
 
 
 def make_population_values(cfg: Config) -> population.MemberValues | None:

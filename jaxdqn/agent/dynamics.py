@@ -244,12 +244,17 @@ def set_host_inputs(state: DynamicsState, **values: Any) -> DynamicsState:
     return state.replace(**updates)
 
 
-def next_eval_q_std(previous: Sequence[float] | None, spread: Any, *, alpha: float) -> list[float]:
-    """The host EMA (rate ``alpha``) of the validation Q spread, seeded by the first spread."""
+def next_eval_q_std(
+    previous: Sequence[float] | None, spread: Any, *, alpha: float | Sequence[float]
+) -> list[float]:
+    """The host EMA (rate ``alpha``; a population: one rate per agent) of the validation Q
+    spread ``[S]``, seeded by the first spread."""
     # numpy scalars on purpose: the result is float32 arithmetic, as recorded runs expect.
     spread = np.asarray(spread).reshape(-1)
     prev = list(previous) if previous else list(spread)
-    return [float(p + alpha * (s - p)) for p, s in zip(prev, spread, strict=True)]
+    rates = [alpha] * len(spread) if isinstance(alpha, int | float) else list(alpha)
+    triples = zip(prev, spread, rates, strict=True)
+    return [float(p + a * (s - p)) for p, s, a in triples]
 
 
 def make_dynamics(

@@ -103,8 +103,9 @@ def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
         state.replay, flat, scale, valid.reshape(-1), alpha=alpha, eps=agent.replay.eps
     )
     shards = agent.shards  # the reward std is over every device's transitions
+    rate = {} if state.members is None else {"alpha": state.members.stats_alpha}  # its own
     observed = agent.dynamics.observe_rollout(
-        state.dynamics, shards.gather(flat.reward), shards.gather(valid.reshape(-1))
+        state.dynamics, shards.gather(flat.reward), shards.gather(valid.reshape(-1)), **rate
     )
     return state.replace(replay=replay_state, nstep=nstep_state, dynamics=observed)
 

@@ -21,7 +21,7 @@ import optax
 from jaxdqn.agent import dynamics as dynamics_lib
 from jaxdqn.agent import losses, targets
 from jaxdqn.agent import replay as replay_lib
-from jaxdqn.agent.dynamics import BatchObservation, Dynamics
+from jaxdqn.agent.dynamics import BatchObservation, Dynamics, Rates
 from jaxdqn.agent.losses import Loss, LossCoefficients, LossInputs, LossParts
 from jaxdqn.agent.population import MemberValues
 from jaxdqn.agent.replay import Replay
@@ -185,7 +185,7 @@ class LearnerHypers(NamedTuple):
     temperature_floor: Any  # L2 Boltzmann temperature floor in Q units
     entropy_base: Any  # L4 base coefficient
     loss: LossCoefficients  # the total loss's weights
-    gamma_n: Any  # L7's bootstrap discount γⁿ
+    rates: Rates  # what the dynamics adapt with: L7's γⁿ and rates, the statistics' EMA rate
     replay_alpha: Any  # L8 priority exponent α of the new priorities
 
 
@@ -328,9 +328,8 @@ def step(
         polyak_rate=hypers.polyak_rate,
     )
     seen = observation(parts, batch, inputs.target, spec.shards)
-    rates = pieces.dynamics.rates._replace(gamma_n=hypers.gamma_n)
     dyn, dyn_metrics = dynamics_lib.observe_batch(
-        state.dynamics, seen, rates=rates, liquid=pieces.dynamics.liquid
+        state.dynamics, seen, rates=hypers.rates, liquid=pieces.dynamics.liquid
     )
     new_state = state.replace(
         params=params,
@@ -354,17 +353,23 @@ def step(
 
 
 def member_hypers(hypers: LearnerHypers, members: MemberValues | None) -> LearnerHypers:
-    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, γⁿ, α, L3's
-    weights); unchanged without a population."""
+    """``hypers`` with a population member's values (β₀, Polyak rate, L4 base, α, L3's
+    weights, and the dynamics' γⁿ, EMA rate and L7 rates); unchanged without a population."""
     if members is None:
         return hypers
     return hypers._replace(
         beta0=members.beta0,
         polyak_rate=members.polyak_rate,
         entropy_base=members.entropy_base,
-        gamma_n=members.gamma_n,
         replay_alpha=members.alpha,
         loss=hypers.loss._replace(spread=members.spread),
+        rates=hypers.rates._replace(
+            gamma_n=members.gamma_n,
+            ema=members.stats_alpha,
+            sigmas=members.support_sigmas,
+            base_alpha=members.support_alpha,
+            max_alpha=members.support_max_alpha,
+        ),
     )
 
 
@@ -423,7 +428,7 @@ def make_learner(
         temperature_floor=resolved.temperature_floor,
         entropy_base=loss_cfg.entropy_base,
         loss=pieces.loss.coefficients,
-        gamma_n=resolved.gamma_n,
+        rates=pieces.dynamics.rates,
         replay_alpha=pieces.replay.alpha,
     )
     bound = {"pieces": pieces, "spec": spec, "hypers": hypers}

@@ -12,6 +12,7 @@ agent by the schedule. Without a population ``TrainState.members`` is None and n
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import chex
@@ -41,6 +42,13 @@ class MemberValues:
         off, as :func:`jaxdqn.agent.resolve.replay_weighting` has it).
       spread: ``[4]`` L3's per-branch weights ``loss.spread_weight × spread_branch_scale_b``
         (:class:`jaxdqn.agent.losses.LossCoefficients`).
+      stats_alpha: EMA rate of the reward std (store step) and the batch statistics (learner)
+        (``dynamics.stats_alpha``).
+      support_sigmas, support_alpha, support_max_alpha: L7's half-width in return stds and its
+        base and abnormal-shift EMA rates (``dynamics.support_*``).
+
+    A1/A2/O2/O3 values and M14's validation EMA rate are host-side: the host schedule and
+    :func:`jaxdqn.agent.dynamics.next_eval_q_std` take them per agent.
     """
 
     lr: chex.Array
@@ -51,6 +59,10 @@ class MemberValues:
     beta0: chex.Array
     alpha: chex.Array
     spread: chex.Array
+    stats_alpha: chex.Array
+    support_sigmas: chex.Array
+    support_alpha: chex.Array
+    support_max_alpha: chex.Array
 
 
 def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberValues:
@@ -65,6 +77,10 @@ def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberV
             c.loss.entropy_base,
             c.replay.priority_beta0,
             replay_weighting(c.replay)[0],
+            c.dynamics.stats_alpha,
+            c.dynamics.support_sigmas,
+            c.dynamics.support_alpha,
+            c.dynamics.support_max_alpha,
         )
         for c in member_cfgs
     ]
@@ -72,8 +88,9 @@ def make_member_values(member_cfgs: Sequence[Config], num_seeds: int) -> MemberV
     # L3's weights are products in float64, rounded once, as a single run's coefficients are
     spread = [[w * c.loss.spread_weight for w in c.loss.spread_branch_scale] for c in member_cfgs]
     spread = np.repeat(np.asarray(spread, np.float64), num_seeds, axis=0).astype(np.float32)
-    columns = (jnp.asarray(table[:, i]) for i in range(table.shape[1]))
-    return MemberValues(*columns, spread=jnp.asarray(spread))
+    names = [f.name for f in dataclasses.fields(MemberValues) if f.name != "spread"]
+    columns = {name: jnp.asarray(table[:, i]) for i, name in enumerate(names)}
+    return MemberValues(**columns, spread=jnp.asarray(spread))
 
 
 def population_keys(seed: int, num_agents: int, num_seeds: int) -> chex.Array:

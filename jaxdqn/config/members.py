@@ -13,7 +13,7 @@ import copy
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,14 +25,37 @@ from jaxdqn.config.population_sections import LOG_UNIFORM, POPULATION_KEYS, Popu
 from jaxdqn.config.sections import Config, ConfigError
 
 __all__ = [
+    "NEEDS",
     "Member",
-    "agent_base_lrs",
+    "agent_configs",
     "load",
     "members",
     "num_members",
     "population_grid",
     "population_size",
 ]
+
+
+_IQN = (lambda c: c.acting.iqn_blend, "acting.iqn_blend is off (A2 acts on E[Q])")
+_L7 = (lambda c: c.dynamics.adaptive_support, "dynamics.adaptive_support is off (fixed support)")
+
+NEEDS: dict[str, tuple[Callable[[Config], bool], str]] = {
+    "replay.priority_alpha": (
+        lambda c: c.replay.prioritised,
+        "replay.prioritised is off (every α is 0: uniform sampling)",
+    ),
+    "loss.spread_weight": (lambda c: c.loss.spread, "loss.spread is off (L3 is not computed)"),
+    "acting.iqn_readiness": _IQN,
+    "acting.iqn_readiness_end": _IQN,
+    "dynamics.eval_q_std_alpha": (
+        lambda c: c.dynamics.liquid,
+        "dynamics.liquid is off (M14, the validation Q spread's only reader)",
+    ),
+    "dynamics.support_sigmas": _L7,
+    "dynamics.support_alpha": _L7,
+    "dynamics.support_max_alpha": _L7,
+}
+"""Keys whose component may be switched off: ``key → (is_on(cfg), why the key is refused)``."""
 
 
 class Member(NamedTuple):
@@ -66,13 +89,9 @@ def members(cfg: Config) -> tuple[Member, ...]:
         if cfg.population.random:
             raise ConfigError("population.random: list the range of at least one key to draw")
         return (Member({}, cfg),)
-    if "replay.priority_alpha" in grid and not cfg.replay.prioritised:
-        raise ConfigError(
-            "population.replay.priority_alpha: replay.prioritised is off (every α is 0: "
-            "uniform sampling)"
-        )
-    if "loss.spread_weight" in grid and not cfg.loss.spread:
-        raise ConfigError("population.loss.spread_weight: loss.spread is off (L3 is not computed)")
+    for key in grid:
+        if key in NEEDS and not NEEDS[key][0](cfg):
+            raise ConfigError(f"population.{key}: {NEEDS[key][1]}")
     for key, values in grid.items():
         if len(set(values)) != len(values):
             raise ConfigError(f"population.{key}: a value is listed twice ({list(values)})")
@@ -137,12 +156,12 @@ def population_size(cfg: Config) -> int:
     return num_members(cfg) * cfg.train.num_seeds
 
 
-def agent_base_lrs(cfg: Config) -> tuple[float, ...] | None:
-    """Every agent's base learning rate, member-major (None without a population: every
-    agent has ``optim.lr``)."""
+def agent_configs(cfg: Config) -> tuple[Config, ...] | None:
+    """Every agent's config, member-major (``[P]``: member ``m``'s config for each of its
+    ``train.num_seeds`` seeds; None without a population: every agent has ``cfg``)."""
     if not population_grid(cfg.population):
         return None
-    return tuple(m.cfg.optim.lr for m in members(cfg) for _ in range(cfg.train.num_seeds))
+    return tuple(m.cfg for m in members(cfg) for _ in range(cfg.train.num_seeds))
 
 
 def load(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

@@ -26,7 +26,7 @@ from jaxdqn.agent import optim
 from jaxdqn.agent.build import build_agent
 from jaxdqn.agent.state import TrainState, fold_keys
 from jaxdqn.config import Config
-from jaxdqn.config.members import agent_base_lrs, ranked_members
+from jaxdqn.config.members import agent_configs, ranked_members
 from jaxdqn.evaluation import metrics as metrics_lib
 from jaxdqn.market import market as market_lib
 from jaxdqn.program.checkpoints import checkpoint
@@ -70,8 +70,8 @@ class Trainer:
         self._stop = False
         self.prepared = market_lib.prepare(cfg)
         self.agent = build_agent(cfg, self.prepared)
-        # a population's learning rate per agent (None: optim.lr) and members ranked one by one
-        self.lrs, self.members = agent_base_lrs(cfg), ranked_members(cfg)
+        # a population's config per agent (None: cfg for all) and members ranked one by one
+        self.agent_cfgs, self.members = agent_configs(cfg), ranked_members(cfg)
         # train.mesh's devices, the iteration, the initialiser (first state, restore template)
         self.placed = place(cfg, self.prepared, self.agent)
         self.iterate, self.num_seeds = self.placed.iterate, self.placed.layout.num_seeds
@@ -145,9 +145,9 @@ class Trainer:
         """One epoch; returns ``(state, run, record)`` with the epoch's log line as
         ``record``, ``None`` when interrupted, or a fault record after a recovery."""
         cfg, tc = self.cfg, self.cfg.train
-        sched = schedule(run.epoch, run.cycle_start, run.iteration, cfg.optim, cfg.acting, self.lrs)
-        scale, ema = cfg.optim.restart_moment_scale, run.eval_q_std_ema
-        state = self.placed.put(apply_schedule(state, sched, self.agent.dynamics, scale, ema))
+        at, ema = (run.epoch, run.cycle_start, run.iteration), run.eval_q_std_ema
+        sched = schedule(*at, cfg.optim, cfg.acting, self.agent_cfgs)
+        state = self.placed.put(apply_schedule(state, sched, self.agent.dynamics, ema))
         t0 = time.time()
         done_before = run.iteration
         metrics = EpochMetrics(run.partial)

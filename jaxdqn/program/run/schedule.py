@@ -21,6 +21,11 @@ a new cycle), ``T = optim.sgdr_period``, ``f = optim.sgdr_floor``, ``r₀ = acti
 * A1 ``κ = κ_end + (κ_start − κ_end) · max(0, 1 − epoch / N_κ)`` (``acting.kappa_start``,
   ``kappa_end``, ``kappa_epochs``; by the run's epoch): exploration sharpens from the seed's
   κ = 1 (best action e ≈ 2.7× the worst) toward greedier sampling as Q becomes trustworthy.
+
+A population (issue 32) gives every agent its member's config: each agent's learning rate,
+readiness, κ and O3 factor are those of its own config, computed exactly as a run with that
+config computes them (the epoch counts ``T``, ``N`` and ``N_κ`` are not member values, so the
+restart falls on the same epochs for all).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import numpy as np
 from jaxdqn.agent import optim
 from jaxdqn.agent.dynamics import Dynamics
 from jaxdqn.agent.state import TrainState
-from jaxdqn.config import ActingConfig, OptimConfig
+from jaxdqn.config import ActingConfig, Config, OptimConfig
 
 __all__ = ["EpochSchedule", "apply_schedule", "schedule"]
 
@@ -47,14 +52,16 @@ class EpochSchedule:
       lr: O2 learning rate of the trunk and branches (Python float; logged as ``lr``), or
         a population's one per agent (``[P]`` floats, each member's own base scaled alike).
       restart: O3, scale the Adam moments before this epoch's first iteration.
-      readiness: A2 IQN readiness in ``[0, 1]``.
-      kappa: A1 temperature factor κ.
+      readiness: A2 IQN readiness in ``[0, 1]`` (a population: ``[P]``).
+      kappa: A1 temperature factor κ (a population: ``[P]``).
+      moment_scale: O3 factor of the Adam moments at a restart (a population: ``[P]``).
     """
 
     lr: float | tuple[float, ...]
     restart: bool
-    readiness: float
-    kappa: float
+    readiness: float | tuple[float, ...]
+    kappa: float | tuple[float, ...]
+    moment_scale: float | tuple[float, ...]
 
 
 def schedule(
@@ -63,44 +70,65 @@ def schedule(
     iteration_in_epoch: int,
     optim_cfg: OptimConfig,
     acting_cfg: ActingConfig,
-    base_lrs: Sequence[float] | None = None,
+    agents: Sequence[Config] | None = None,
 ) -> EpochSchedule:
     """The schedule of ``epoch`` (0-based) whose SGDR cycle began at epoch ``cycle_start``;
     ``iteration_in_epoch`` > 0 when an interrupted epoch is resumed (no second O3 restart).
-    ``base_lrs``: a population's base learning rate per agent (``[P]``; None: ``optim.lr``)."""
+    ``agents``: a population's config per agent (``[P]``,
+    :func:`jaxdqn.config.members.agent_configs`): every value but ``restart`` per agent, from
+    its own ``optim`` and ``acting`` sections; None: ``optim_cfg`` and ``acting_cfg``."""
+    if agents is not None:
+        each = [schedule(epoch, cycle_start, iteration_in_epoch, a.optim, a.acting) for a in agents]
+        if len({e.restart for e in each}) > 1:
+            raise ValueError("schedule: the agents' SGDR periods differ")
+        column = lambda name: tuple(getattr(e, name) for e in each)
+        return EpochSchedule(
+            lr=column("lr"),
+            restart=each[0].restart,
+            readiness=column("readiness"),
+            kappa=column("kappa"),
+            moment_scale=column("moment_scale"),
+        )
     cycle_epoch = epoch - cycle_start
     period, floor = optim_cfg.sgdr_period, optim_cfg.sgdr_floor
-    if base_lrs is None:
-        lr = optim.sgdr_learning_rate(cycle_epoch, optim_cfg.lr, period, floor)
-    else:
-        lr = tuple(optim.sgdr_learning_rate(cycle_epoch, b, period, floor) for b in base_lrs)
+    lr = optim.sgdr_learning_rate(cycle_epoch, optim_cfg.lr, period, floor)
     restart = optim.is_restart(cycle_epoch, optim_cfg.sgdr_period) and iteration_in_epoch == 0
     r0 = acting_cfg.iqn_readiness
     r1 = acting_cfg.iqn_readiness_end
     readiness = r0 + (r1 - r0) * min(1.0, epoch / acting_cfg.iqn_readiness_epochs)
     k0, k1 = acting_cfg.kappa_start, acting_cfg.kappa_end
     kappa = k1 + (k0 - k1) * max(0.0, 1.0 - epoch / acting_cfg.kappa_epochs)
-    return EpochSchedule(lr=lr, restart=restart, readiness=readiness, kappa=kappa)
+    return EpochSchedule(
+        lr=lr,
+        restart=restart,
+        readiness=readiness,
+        kappa=kappa,
+        moment_scale=optim_cfg.restart_moment_scale,
+    )
 
 
 def apply_schedule(
     state: TrainState,
     sched: EpochSchedule,
     dynamics: Dynamics,
-    moment_scale: float,
     eval_q_std_ema: Sequence[float] | None,
 ) -> TrainState:
     """Write ``sched`` into a train state with a leading seed axis ``[S, ...]``.
 
     Every seed gets the same learning rate (float32, written into the injected optax
-    hyperparameters; a population: each agent its own, ``sched.lr`` ``[P]``) and readiness; at a
-    restart every seed's trunk and branch Adam ``μ, ν`` are multiplied by ``moment_scale``.
+    hyperparameters), readiness and κ (a population: each agent its own, ``[P]``); at a
+    restart every seed's trunk and branch Adam ``μ, ν`` are multiplied by
+    ``sched.moment_scale`` (a population: each agent's by its own).
     ``eval_q_std_ema`` (``[S]`` floats, or ``None`` before the first validation → 0) is M14's input
     from the host EMA of the validation Q spread. Only values change, never shapes or dtypes.
     """
     opt_state = state.opt_state
-    if sched.restart:
-        opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, moment_scale))(opt_state)
+    if sched.restart and isinstance(sched.moment_scale, tuple):
+        scales = np.asarray(sched.moment_scale, np.float32)
+        opt_state = jax.vmap(optim.scale_adam_moments)(opt_state, scales)
+    elif sched.restart:
+        scale = sched.moment_scale
+        opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, scale))(opt_state)
     # one learning rate per agent (an ordinary run: the same for all)
     lrs = np.broadcast_to(np.asarray(sched.lr, np.float32), state.updates.shape)
     opt_state = jax.vmap(optim.set_learning_rate)(opt_state, lrs)
