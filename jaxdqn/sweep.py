@@ -14,7 +14,10 @@ heartbeat (``--heartbeat`` seconds) is two beats old; then any worker marks it f
 requeues it, and the next worker resumes its run from the last checkpoint. ``--resume``
 continues a study that stopped (every worker gone; ``--trials N`` raises its budget).
 
-When the study has its completed trials, the last worker selects the winner on val, walks its
+With the sweep file's ``pruner`` a trial may be stopped after an epoch (pruned: its run is left
+unfinished and resumable, and counts toward the budget and in N).
+
+When the study has its finished trials, the last worker selects the winner on val, walks its
 best checkpoint on test once into ``DIR/winner/``, and writes ``DIR/sweep.json`` and
 ``DIR/sweep.md`` with the Deflated Sharpe Ratio over every val Sharpe the search compared
 (members × seeds × checkpoints of every run; :mod:`jaxdqn.program.sweep.finale`).

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxdqn.config import ALL_OFF, ConfigError
-from jaxdqn.program.sweep import space, study
+from jaxdqn.program.sweep import space, study, worker
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "configs" / "smoke.yaml"
@@ -56,6 +56,18 @@ def _spec_file(tmp_path: Path, name: str = "sweep.yaml", **fields) -> Path:
         ({"sampler": "cmaes"}, "sampler"),
         ({"colour": "red"}, "unknown fields ['colour']"),
         ({"space": {"optim.lr": {"choices": [0.1]}}}, "two or more values"),
+        ({"pruner": {"type": "hyperband"}}, "pruner: expected {type: median | threshold"),
+        ({"pruner": {"type": "median", "worse_than": 0.0}}, "unknown fields ['worse_than']"),
+        ({"pruner": {"type": "threshold"}}, "pruner.worse_than: expected a number"),
+        ({"pruner": {"type": "median", "warmup": -1}}, "pruner.warmup: expected an integer"),
+        (
+            {
+                "pruner": {"type": "median"},
+                "metric": "sortino",
+                "overrides": [*FAST, "population.optim.lr=[1e-4,1e-3]"],
+            },
+            "metric must be sharpe",
+        ),
     ],
 )
 def test_h2_sweep_file_errors_name_the_field(tmp_path, fields, message):
@@ -291,3 +303,97 @@ def test_h2_two_workers_killed_resume_completes_and_n_counts_every_trial(tmp_pat
     # the study as it stands has its finale: --resume again trains nothing
     r = _sweep([*args, "--resume"], tmp_path, timeout=600)
     assert r.returncode == 0 and "started" not in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage")  # (ask/tell, not optimize)
+def test_h2_pruners_stop_after_warmup_on_the_median_or_a_threshold(tmp_path):
+    """The sweep file's pruner as Optuna runs it: epochs are steps (1-based), nothing is
+    pruned within the first ``warmup`` epochs, the median rule waits for ``startup``
+    finished trials, and "worse than" follows the direction."""
+    from optuna.trial import TrialState, create_trial
+
+    median = {"type": "median", "warmup": 1, "startup": 2}
+    spec = space.load_spec(_spec_file(tmp_path, pruner=median))
+    assert spec.pruner == space.Pruner("median", 1, 2, None)
+    st = study.open_study(spec, study.default_storage(tmp_path), resume=False)
+
+    def verdicts(scores):
+        t = st.ask()
+        out = []
+        for epoch, v in enumerate(scores, start=1):
+            t.report(v, epoch)
+            out.append(t.should_prune())
+        st.tell(t, state=TrialState.PRUNED)
+        return out
+
+    assert verdicts([-5.0, -5.0]) == [False, False]  # no finished trial yet
+    for v in (1.0, 2.0):  # two finished trials, 1.0 and 2.0 after epochs 1 and 2
+        st.add_trial(create_trial(value=v, intermediate_values={1: v, 2: v}))
+    assert verdicts([-5.0, -5.0]) == [False, True]  # epoch 1 is the warmup
+    assert verdicts([0.0, 1.6]) == [False, False]  # above the median 1.5
+    spec = space.load_spec(
+        _spec_file(tmp_path, "t.yaml", study="th", pruner={"type": "threshold", "worse_than": 0})
+    )
+    st = study.open_study(spec, study.default_storage(tmp_path), resume=False)
+    assert verdicts([-1.0, -0.1, 0.1]) == [False, True, False]
+    spec = space.load_spec(
+        _spec_file(
+            tmp_path,
+            "m.yaml",
+            study="min",
+            direction="minimize",
+            pruner={"type": "threshold", "worse_than": 0.5, "warmup": 0},
+        )
+    )
+    st = study.open_study(spec, study.default_storage(tmp_path), resume=False)
+    assert verdicts([0.6, 0.4]) == [True, False]
+    assert spec.identity() != space.load_spec(_spec_file(tmp_path, "n.yaml")).identity()
+
+
+def test_h2_epoch_score_is_what_the_run_selects_on():
+    record = {"val_sharpe": 0.25, "val_sortino": 0.5, "val_sharpe_seeds": [0.0, 1.0, 3.0, -1.0]}
+    assert worker.epoch_score(record, "sortino", 0, 2) == 0.5
+    assert worker.epoch_score(record, "sharpe", 0, 4) == 0.25
+    assert worker.epoch_score(record, "sharpe", 2, 2) == 1.0  # members' means 0.5 and 1.0
+    assert worker.epoch_score(record, "sharpe", 4, 1) == 3.0
+
+
+@pytest.mark.slow
+def test_h2_pruned_trials_stop_after_their_checkpoint_and_count_in_n(tmp_path):
+    """A pruner that stops every trial after its warmup (1 epoch): the trial's run ends after
+    epoch 2 of 3 with that epoch's checkpoint and log (unfinished: no summary), the study
+    records the epochs' val Sharpes the pruner saw, the pruned trial fills the budget, its val
+    Sharpes count in the DSR's N, and with no complete trial the finale refuses in one line."""
+    from optuna.trial import TrialState
+
+    from jaxdqn.program.sweep import finale
+
+    pruner = {"type": "threshold", "worse_than": 1e9, "warmup": 1}
+    over = [*FAST, "train.epochs=3"]
+    spec = space.load_spec(_spec_file(tmp_path, pruner=pruner, overrides=over, trials=1))
+    sweep_dir = tmp_path / "s"
+    url = study.default_storage(tmp_path)
+    st = study.open_study(spec, url, resume=False)
+    said = []
+    worker.work(st, spec, sweep_dir, say=said.append)
+    trials = st.get_trials()
+    assert [t.state for t in trials] == [TrialState.PRUNED], said
+    assert study.counts(st).finished == 1 and study.counts(st).pruned == 1
+    for t in trials:
+        run = sweep_dir / t.user_attrs["run_dir"]
+        records = [
+            json.loads(line)
+            for line in (run / "metrics.jsonl").read_text().splitlines()
+            if '"val_sharpe"' in line
+        ]
+        assert [r["epoch"] for r in records] == [1, 2]
+        assert t.intermediate_values == {r["epoch"]: r["val_sharpe"] for r in records}
+        assert not (run / "summary.json").exists()
+        steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+        assert steps[-1] == 2 * 4  # epoch 2's checkpoint (4 iterations per epoch)
+        assert "pruned after epoch 2 (val sharpe" in t.user_attrs["error"]
+    assert sum("pruned after epoch 2" in line for line in said) == 1, said
+    found = finale.search_trials(st, sweep_dir)
+    assert found.values.size == 2 and "1 pruned" in found.what
+    with pytest.raises(study.SweepError, match="no complete trial to select"):
+        finale.finale(st, spec, sweep_dir, url)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,23 +37,12 @@ from jaxdqn.program.run.epoch_log import EpochMetrics, epoch_means, epoch_record
 from jaxdqn.program.run.finish import finish
 from jaxdqn.program.run.placement import place
 from jaxdqn.program.run.progress import Progress
+from jaxdqn.program.run.recovery import FAULT_SALT, REWIND_SALT, Stopped, TrainingError, recover
 from jaxdqn.program.run.run_state import RunState
 from jaxdqn.program.run.schedule import apply_schedule, schedule
 from jaxdqn.program.run.walks import make_validate
 
-__all__ = ["FAULT_SALT", "REWIND_SALT", "Trainer", "TrainingError"]
-
-# Salts folded into every seed's key when the run goes on from a restored checkpoint, so that
-# it does not replay the trajectory it just abandoned: the k-th rewind folds REWIND_SALT + k,
-# the k-th fault recovery FAULT_SALT + k. The offsets differ so that a rewind and a fault
-# recovery that restore the same checkpoint never fold the same salt (for < 9,000 rewinds).
-# Recorded runs used these values: changing them changes every run that rewinds or faults.
-REWIND_SALT = 1_000
-FAULT_SALT = 10_000
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. repeated non-finite losses); one-line message."""
+__all__ = ["FAULT_SALT", "REWIND_SALT", "Stopped", "Trainer", "TrainingError"]
 
 
 class Trainer:
@@ -63,7 +53,12 @@ class Trainer:
       run_dir: its directory (created if missing).
       resume: continue from the latest checkpoint in ``run_dir``.
       progress: a rich bar on a terminal (plain lines otherwise); False: always plain lines.
+
+    ``on_epoch(record) -> bool`` (settable; never by default) sees every epoch's log record
+    after its checkpoint is saved; True stops the run there (:class:`Stopped`, unfinished).
     """
+
+    on_epoch: Callable[[dict[str, Any]], bool] = staticmethod(lambda record: False)
 
     def __init__(self, cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True):
         self.cfg, self.run_dir, self.resume, self.progress = cfg, Path(run_dir), resume, progress
@@ -115,7 +110,7 @@ class Trainer:
             self.ckpt.save(0, state, run.to_json(), math.nan)
         self._start_wall = time.time() - run.wall_time
         previous = signal.signal(signal.SIGINT, self._on_sigint)
-        interrupted = False
+        stopped = None  # "sigint" inside an epoch, or "on_epoch" after one
         try:
             # progress=False still prints one plain line per epoch (no rich bar); process 0 only.
             shown = dict(
@@ -125,15 +120,20 @@ class Trainer:
                 while run.epoch < tc.epochs:
                     state, run, record = self.run_epoch(state, run)
                     if record is None:  # interrupted inside the epoch
-                        interrupted = True
+                        stopped = "sigint"
                         break
                     if not record.get("fault"):
                         bar.update(record)
+                        if self.on_epoch(record):
+                            stopped = "on_epoch"
+                            break
         finally:
             signal.signal(signal.SIGINT, previous)
         try:
-            if interrupted or self._stop:  # a SIGINT after the last iteration: all saved
+            if stopped == "sigint" or self._stop:  # a SIGINT after the last iteration: all saved
                 raise KeyboardInterrupt
+            if stopped:
+                raise Stopped(f"stopped by on_epoch after epoch {run.epoch} of {tc.epochs}")
             template = self.init_state()
             args = (self.prepared, self.agent, self.ckpt, template, run, self.run_dir)
             return finish(self.cfg, *args, self._start_wall, placed=self.placed)
@@ -167,7 +167,7 @@ class Trainer:
         run.total_iterations += run_iters
         run.iteration, run.partial = 0, None
         if stacked and not np.all(stacked["finite"]):
-            return self.recover(state, run)
+            return recover(state, run, cfg=cfg, ckpt=self.ckpt, log=self.log)
         run.consecutive_faults = 0
 
         view = self.placed.view(state)  # (on every process: the walks decide the future)
@@ -224,27 +224,3 @@ class Trainer:
         run.plateau = plateau.after_rewind(run.plateau)
         run.cycle_start = run.epoch + 1
         return fold_keys(best, REWIND_SALT + run.rewinds)
-
-    def recover(self, state: TrainState, run: RunState):
-        """Non-finite loss or parameters: the state is dropped (never checkpointed); restore
-        the last good checkpoint, fold a new key, run the epoch again."""
-        run.consecutive_faults += 1
-        run.fault_events += 1
-        if run.consecutive_faults >= self.cfg.train.max_faults:
-            raise TrainingError(
-                f"non-finite loss or parameters in {run.consecutive_faults} consecutive epochs "
-                f"(last at epoch {run.epoch}); stopping. Lower optim.lr or check the data."
-            )
-        good, good_json, step = self.ckpt.restore("latest", state)
-        restored = RunState.from_json(good_json)
-        # The fault counters and the step counter stay; the rest comes from the good checkpoint.
-        restored.consecutive_faults = run.consecutive_faults
-        restored.fault_events = run.fault_events
-        restored.total_iterations = run.total_iterations
-        self.log.note(
-            f"non-finite loss or parameters in epoch {run.epoch + 1}; restored checkpoint "
-            f"{step}, folded a new key (fault {run.consecutive_faults}/"
-            f"{self.cfg.train.max_faults} in a row)"
-        )
-        fault = {"epoch": restored.epoch, "fault": True, "fault_events": run.fault_events}
-        return fold_keys(good, FAULT_SALT + run.fault_events), restored, fault

@@ -73,7 +73,8 @@ def search_trials(study: Any, sweep_dir: Path) -> SearchTrials:
     what = (
         f"every val Sharpe the search compared: each agent (members × seeds) at each checkpoint "
         f"of each of its {len(runs)} runs, {total} in all ({len(rows)} Optuna trials: "
-        f"{c.complete} complete, {c.failed} failed, {c.died} resumed after their worker died)"
+        f"{c.complete} complete, {c.pruned} pruned, {c.failed} failed, {c.died} resumed after "
+        "their worker died)"
     )
     return SearchTrials(np.concatenate(values) if values else None, what, runs)
 
@@ -183,6 +184,15 @@ def finale(study: Any, spec: SweepSpec, sweep_dir: Path, storage: str) -> dict[s
         (sweep_dir / LOCK).unlink(missing_ok=True)
 
 
+def _pruner_text(pruner: Mapping[str, Any] | None) -> str:
+    if not pruner:
+        return "no pruner"
+    if pruner["type"] == "median":
+        return (f"median pruner after {pruner['startup']} finished trials, never within a trial's "
+                f"first {pruner['warmup']} epochs")  # fmt: skip
+    return f"pruned when worse than {pruner['worse_than']} after epoch {pruner['warmup']}"
+
+
 def _param_cell(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
@@ -193,9 +203,9 @@ def _trial_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], winner:
         name = f"**{r['number']}** (winner)" if r["number"] == winner else str(r["number"])
         state = r["state"] + (f" (resumes {r['resumes']})" if r.get("resumes") is not None else "")
         params = [_param_cell(r["params"][k]) if k in r["params"] else "" for k in keys]
-        note = r.get("error") or ""
+        note = r.get("error") or ""  # (a pruned trial's: where and on what it was stopped)
         body.append([name, state, *params, cell(r["value"]), r.get("run_dir") or "", note])
-    return markdown_table(["trial", "state", *keys, "val score", "run", "error"], body)
+    return markdown_table(["trial", "state", *keys, "val score", "run", "note"], body)
 
 
 def report_lines(payload: Mapping[str, Any]) -> list[str]:
@@ -211,8 +221,9 @@ def report_lines(payload: Mapping[str, Any]) -> list[str]:
         f"`{' '.join(spec['overrides']) or 'no overrides'}`; sampler {spec['sampler']} (seed "
         f"{spec['seed']}); {spec['direction']} val {spec['metric']}.",
         "",
-        f"{c['optuna_trials']} Optuna trials: {c['complete']} complete, {c['failed']} failed, "
-        f"{c['died']} whose worker died (each resumed by a later trial); {c['runs']} runs.",
+        f"{c['optuna_trials']} Optuna trials: {c['complete']} complete, {c['pruned']} pruned "
+        f"({_pruner_text(spec.get('pruner'))}), {c['failed']} failed, {c['died']} whose worker "
+        f"died (each resumed by a later trial); {c['runs']} runs.",
         "",
         "## Trials",
         "",

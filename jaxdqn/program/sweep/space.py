@@ -10,6 +10,7 @@ the search space, typed and checked before any trial starts.
     sampler: tpe                # tpe | random (Optuna's samplers)
     seed: 0                     # mixed with each worker's host and pid: workers draw apart
     max_failed: 12              # failed trials (bad values, non-finite runs) that stop it
+    pruner: {type: median, warmup: 2, startup: 3}   # optional: stop trials early (below)
     space:                      # a dotted config key per parameter:
       optim.lr: {low: 1.0e-4, high: 3.0e-3, log: true}     # float range (log: log-uniform)
       replay.batch_size: {low: 32, high: 128, step: 32}    # integer range (both ends ints)
@@ -21,6 +22,16 @@ a trial), nor ``population.*`` (a population is a fixed override, trained in one
 every trial), nor ``eval.walk_test`` (trials never walk test: the winner is walked on test
 after the search). Every range end and choice is checked against the config before the study
 starts, so a bad key or value is one line, not a failed trial.
+
+``pruner`` (optional; none by default) stops unpromising trials after an epoch, on the
+per-epoch val score the run's own checkpoint selection sees (the mean over seeds of
+``val_<metric>``; a population trial: its best member's mean val Sharpe, so ``metric`` must be
+``sharpe``): ``{type: median, warmup: W, startup: K}`` (Optuna's median rule: a trial whose
+score after epoch e is worse than the median of earlier trials' scores after epoch e, once K
+trials have finished) or ``{type: threshold, worse_than: X, warmup: W}`` (a score worse than
+X). No trial is stopped within its first W epochs (default 1). A stopped trial is *pruned*: its
+run keeps its checkpoints and log (``python -m jaxdqn.train --resume RUN`` finishes it), it counts
+toward ``trials``, and every val Sharpe it compared counts in the DSR's N.
 """
 
 from __future__ import annotations
@@ -37,8 +48,9 @@ import yaml
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import Config, ConfigError
+from jaxdqn.config.members import ranked_members
 
-__all__ = ["Param", "SweepSpec", "load_spec", "trial_overrides"]
+__all__ = ["Param", "Pruner", "SweepSpec", "load_spec", "trial_overrides"]
 
 REFUSED_PREFIXES = {
     "seed": "seeds are train.num_seeds inside a trial (luck is not a hyperparameter)",
@@ -55,8 +67,10 @@ SPEC_KEYS = (
     "sampler",
     "seed",
     "max_failed",
+    "pruner",
     "space",
 )
+PRUNERS = ("median", "threshold")
 SAMPLERS = ("tpe", "random")
 DIRECTIONS = ("maximize", "minimize")
 
@@ -114,6 +128,7 @@ class SweepSpec:
     sampler: str = "tpe"
     seed: int = 0
     max_failed: int | None = None
+    pruner: Pruner | None = None
 
     @property
     def failures_allowed(self) -> int:
@@ -129,10 +144,48 @@ class SweepSpec:
         """sha256 of everything but ``trials`` and ``max_failed`` (which a resumed study may
         raise): two workers of one study must search the same space over the same runs."""
         same = {k: v for k, v in self.to_json().items() if k not in ("trials", "max_failed")}
+        if same["pruner"] is None:  # (studies begun before pruning keep their identity)
+            del same["pruner"]
         return hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()
 
     def base_config(self, extra: Sequence[str] = ()) -> Config:
         return config_lib.load(self.config, [*self.overrides, "eval.walk_test=false", *extra])
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruner:
+    """When a trial is stopped after an epoch (module docstring): ``type`` median or
+    threshold, ``warmup`` epochs never stopped after, ``startup`` finished trials before the
+    median rule acts, ``worse_than`` the threshold's score."""
+
+    type: str
+    warmup: int = 1
+    startup: int = 2
+    worse_than: float | None = None
+
+
+def _pruner(where: str, body: Any) -> Pruner | None:
+    if body is None:
+        return None
+    if not isinstance(body, Mapping) or body.get("type") not in PRUNERS:
+        raise _fail(where, f"pruner: expected {{type: {' | '.join(PRUNERS)}, ...}}, got {body!r}")
+    kind = body["type"]
+    known = {"type", "warmup"} | ({"startup"} if kind == "median" else {"worse_than"})
+    unknown = set(body) - known
+    if unknown:
+        raise _fail(where, f"pruner: unknown fields {sorted(unknown)} for type {kind} "
+                    f"({', '.join(sorted(known))})")  # fmt: skip
+    ints = {k: body.get(k, Pruner.warmup if k == "warmup" else Pruner.startup)
+            for k in ("warmup", "startup")}  # fmt: skip
+    for name, v in ints.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _fail(where, f"pruner.{name}: expected an integer >= 0, got {v!r}")
+    worse = body.get("worse_than")
+    if kind == "threshold":
+        if isinstance(worse, bool) or not isinstance(worse, (int, float)) or math.isnan(worse):
+            raise _fail(where, f"pruner.worse_than: expected a number, got {worse!r}")
+        worse = float(worse)
+    return Pruner(kind, ints["warmup"], ints["startup"], worse)
 
 
 def _fail(where: str, msg: str) -> ConfigError:
@@ -255,17 +308,22 @@ def load_spec(path: str | Path, *, trials: int | None = None) -> SweepSpec:
         sampler=tree.get("sampler", "tpe"),
         seed=seed,
         max_failed=max_failed,
+        pruner=_pruner(where, tree.get("pruner")),
     )
     _check_against_config(where, spec)
     return spec
 
 
 def _check_against_config(where: str, spec: SweepSpec) -> None:
-    """Every range end and choice must make a config the loader accepts."""
+    """Every range end and choice must make a config the loader accepts; a pruned population
+    trial reports val Sharpe."""
     try:
-        spec.base_config()
+        base = spec.base_config()
     except ConfigError as e:
         raise _fail(where, f"the trials' base config (config, overrides): {e}") from None
+    if spec.pruner is not None and spec.metric != "sharpe" and ranked_members(base):
+        raise _fail(where, "pruner: a population trial is pruned on its best member's val "
+                    f"Sharpe, so metric must be sharpe (not {spec.metric})")  # fmt: skip
     for p in spec.space:
         for v in p.ends():
             try:

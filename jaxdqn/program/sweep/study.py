@@ -110,6 +110,20 @@ def _sampler(spec: SweepSpec) -> Any:
     return optuna.samplers.TPESampler(seed=seed)
 
 
+def _pruner(spec: SweepSpec) -> Any:
+    """Optuna's pruner for ``spec.pruner`` (None: never prune). Steps are epochs (1-based), so
+    ``warmup`` W epochs never pruned after is Optuna's ``n_warmup_steps`` W + 1."""
+    import optuna
+
+    p = spec.pruner
+    if p is None:
+        return optuna.pruners.NopPruner()
+    if p.type == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p.startup, n_warmup_steps=p.warmup + 1)
+    bound = "lower" if spec.direction == "maximize" else "upper"
+    return optuna.pruners.ThresholdPruner(**{bound: p.worse_than}, n_warmup_steps=p.warmup + 1)
+
+
 def open_study(spec: SweepSpec, url: str, *, resume: bool, heartbeat_s: int = 10) -> Any:
     """The study ``spec.study`` in the storage at ``url``: created by the first worker, joined
     by the others (they may start together); with ``resume`` it must exist already.
@@ -133,6 +147,7 @@ def open_study(spec: SweepSpec, url: str, *, resume: bool, heartbeat_s: int = 10
         study_name=spec.study,
         direction=spec.direction,
         sampler=_sampler(spec),
+        pruner=_pruner(spec),
         load_if_exists=True,
     )
     identity = study.user_attrs.get("spec_identity")
@@ -150,13 +165,20 @@ def open_study(spec: SweepSpec, url: str, *, resume: bool, heartbeat_s: int = 10
 
 class Counts(NamedTuple):
     """The study's trials by state (``failed``: those not requeued, i.e. bad values or runs
-    that could not go on; ``died``: failed because their worker died or was interrupted)."""
+    that could not go on; ``died``: failed because their worker died or was interrupted;
+    ``pruned``: stopped early by the sweep's pruner)."""
 
     complete: int
     running: int
     waiting: int
     failed: int
     died: int
+    pruned: int = 0
+
+    @property
+    def finished(self) -> int:
+        """The trials that count toward the budget ``trials``: complete or pruned."""
+        return self.complete + self.pruned
 
 
 def counts(study: Any) -> Counts:
@@ -172,12 +194,14 @@ def counts(study: Any) -> Counts:
         waiting=len(state(TrialState.WAITING)),
         failed=sum(1 for t in failed if t.number not in resumed),
         died=sum(1 for t in failed if t.number in resumed),
+        pruned=len(state(TrialState.PRUNED)),
     )
 
 
 def trial_rows(study: Any) -> list[Mapping[str, Any]]:
     """Every trial as a JSON row: number, state, values, val score, run directory, what it
-    resumed, its error."""
+    resumed, its error, and its per-epoch val scores (``epochs``: epoch → score, what the
+    pruner saw)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         rows.append(
@@ -189,6 +213,7 @@ def trial_rows(study: Any) -> list[Mapping[str, Any]]:
                 "run_dir": t.user_attrs.get("run_dir"),
                 "resumes": t.user_attrs.get("resumes"),
                 "error": t.user_attrs.get("error"),
+                "epochs": {int(k): v for k, v in sorted(t.intermediate_values.items())},
             }
         )
     return rows

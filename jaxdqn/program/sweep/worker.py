@@ -11,6 +11,10 @@ directory from its last checkpoint (a run with none starts afresh in its own dir
 A trial fails, and the search goes on, when its values make a config or data the program
 refuses, or the run cannot go on (non-finite losses) or cannot be resumed; its error is kept in
 the study (``error``) and ``max_failed`` such failures stop every worker.
+
+With a ``pruner`` every epoch's val score (:func:`epoch_score`) is reported to Optuna as the
+trial's value at that epoch, and a trial the pruner stops ends *pruned* after that epoch's
+checkpoint (the run is left unfinished; a requeued trial reports from the epoch it resumes at).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jaxdqn import config as config_lib
 from jaxdqn.config import ConfigError
+from jaxdqn.config.members import ranked_members
 from jaxdqn.market.errors import DataError
 from jaxdqn.program.checkpoints.contents import CheckpointError
 from jaxdqn.program.sweep.space import SweepSpec, trial_overrides
 from jaxdqn.program.sweep.study import SweepError, counts, requeue
 
-__all__ = ["TRIALS", "run_trial", "work"]
+__all__ = ["TRIALS", "epoch_score", "run_trial", "work"]
 
 TRIALS = "trials"
 """The folder of the trials' run directories inside the sweep directory."""
@@ -52,6 +59,8 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
       TrialFailed: the values or the run failed (the reason is the trial's ``error``).
       KeyboardInterrupt: SIGINT; the run saved a checkpoint and the trial is requeued.
     """
+    import optuna
+
     from jaxdqn.program.run import loop
 
     values = {p.key: p.suggest(trial) for p in spec.space}
@@ -73,7 +82,17 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
             contextlib.redirect_stdout(log),
             contextlib.redirect_stderr(log),
         ):
-            summary = loop.Trainer(cfg, run_dir, resume=resume, progress=False).run()
+            trainer = loop.Trainer(cfg, run_dir, resume=resume, progress=False)
+            reported: list[tuple[int, float]] = []
+            if spec.pruner is not None:
+                shape = (ranked_members(cfg), cfg.train.num_seeds)
+                trainer.on_epoch = _pruning(trial, spec, shape, reported)
+            summary = trainer.run()
+    except loop.Stopped:
+        epoch, value = reported[-1]
+        note = f"pruned after epoch {epoch} (val {spec.metric} {value:.4f})"
+        trial.set_user_attr("error", note)
+        raise optuna.TrialPruned(note) from None
     except KeyboardInterrupt:
         requeue(trial.study, trial)
         raise
@@ -95,6 +114,34 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
         trial.set_user_attr("error", f"val {spec.metric} is {value}")
         raise TrialFailed(f"val {spec.metric} is {value}")
     return value
+
+
+def epoch_score(record: dict[str, Any], metric: str, members: int, seeds: int) -> float:
+    """The val score of one epoch's log ``record`` that the pruner compares: the mean over
+    seeds of ``val_<metric>``; a population (``members`` > 0, ``seeds`` each, member-major):
+    the best member's mean val Sharpe, which the run's own checkpoint selection ranks."""
+    if not members:
+        return float(record[f"val_{metric}"])
+    sharpes = np.asarray(record["val_sharpe_seeds"], np.float64).reshape(members, seeds)
+    return float(np.nanmax(np.nanmean(sharpes, axis=1)))
+
+
+def _pruning(
+    trial: Any, spec: SweepSpec, shape: tuple[int, int], reported: list[tuple[int, float]]
+) -> Callable[[dict[str, Any]], bool]:
+    """The trainer's ``on_epoch``: report the epoch's score (appended to ``reported``, as
+    ``(epoch, score)``); True (stop) when the pruner says so. ``shape``: (members, seeds)."""
+
+    def on_epoch(record: dict[str, Any]) -> bool:
+        value = epoch_score(record, spec.metric, *shape)
+        if not math.isfinite(value):
+            return False  # nothing to compare (Optuna's pruners skip non-finite values too)
+        epoch = int(record["epoch"])
+        trial.report(value, epoch)
+        reported.append((epoch, value))
+        return bool(trial.should_prune())
+
+    return on_epoch
 
 
 def work(
@@ -128,10 +175,16 @@ def work(
         except TrialFailed as e:
             say(f"trial {trial.number}: failed: {e}")
             raise
+        except optuna.TrialPruned as e:
+            c = counts(study)
+            done = f"[{c.finished + 1}/{spec.trials} finished]"
+            say(f"trial {trial.number} ({_values(trial.params)}): {e} in "
+                f"{time.time() - start:.0f} s {done}")  # fmt: skip
+            raise
         c = counts(study)
         say(
             f"trial {trial.number} ({_values(trial.params)}): val {spec.metric} {value:.4f} "
-            f"in {time.time() - start:.0f} s [{c.complete + 1}/{spec.trials} complete]"
+            f"in {time.time() - start:.0f} s [{c.finished + 1}/{spec.trials} finished]"
         )
         return value
 
@@ -146,9 +199,9 @@ def work(
             raise SweepError(
                 f"{c.failed} trials failed (max_failed {spec.failures_allowed}); the last: {last}"
             )
-        if c.complete >= spec.trials and c.running == 0:
+        if c.finished >= spec.trials and c.running == 0:
             return
-        if c.complete + c.running >= spec.trials:
+        if c.finished + c.running >= spec.trials:
             time.sleep(poll_s)  # the last trials run in other workers (or their worker died)
             continue
         study.optimize(objective, n_trials=1, catch=(TrialFailed,))
