@@ -356,6 +356,38 @@ def test_h2_epoch_score_is_what_the_run_selects_on():
     assert worker.epoch_score(record, "sharpe", 0, 4) == 0.25
     assert worker.epoch_score(record, "sharpe", 2, 2) == 1.0  # members' means 0.5 and 1.0
     assert worker.epoch_score(record, "sharpe", 4, 1) == 3.0
+    one = {"val_sharpe": 0.7}  # a one-member population of one seed logs no per-seed list
+    assert worker.epoch_score(one, "sharpe", 1, 1) == 0.7
+
+
+def test_h2_a_resumed_trial_reports_its_logged_epochs_first(tmp_path):
+    """A requeued trial that resumes a run reports the epochs the run's log already holds
+    before the new one, so the pruner judges the whole run."""
+    from jaxdqn.program.records.logger import RunLogger
+
+    log = RunLogger(tmp_path, num_seeds=1)
+    for epoch, v in [(1, 0.5), (2, -0.25)]:
+        log.log_epoch({"epoch": epoch, "val_sharpe": v})
+    log.close()
+
+    class Trial:
+        def __init__(self):
+            self.reports = []
+
+        def report(self, value, step):
+            self.reports.append((step, value))
+
+        def should_prune(self):
+            return self.reports[-1][1] < 0
+
+    spec = space.load_spec(_spec_file(tmp_path, pruner={"type": "median"}))
+    trial, reported = Trial(), []
+    on_epoch = worker._pruning(trial, spec, (0, 1), reported, tmp_path)
+    assert on_epoch({"epoch": 3, "val_sharpe": 1.5}) is False
+    assert trial.reports == reported == [(1, 0.5), (2, -0.25), (3, 1.5)]
+    assert on_epoch({"epoch": 4, "val_sharpe": -1.0}) is True  # the log is read once only
+    assert trial.reports[3:] == [(4, -1.0)]
+    assert on_epoch({"epoch": 5, "val_sharpe": float("nan")}) is False  # nothing to judge
 
 
 @pytest.mark.slow

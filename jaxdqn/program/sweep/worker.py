@@ -1,5 +1,5 @@
 """A sweep worker: trains the study's trials, one after another, until the search has its
-completed trials, then (the last worker) hands over to :mod:`.finale`.
+finished trials, then (the last worker) hands over to :mod:`.finale`.
 
 A trial is an ordinary run (``python -m jaxdqn.train``'s :class:`Trainer`) in
 ``DIR/trials/trial_<number>`` with the trial's overrides and ``eval.walk_test=false``; its
@@ -14,7 +14,8 @@ the study (``error``) and ``max_failed`` such failures stop every worker.
 
 With a ``pruner`` every epoch's val score (:func:`epoch_score`) is reported to Optuna as the
 trial's value at that epoch, and a trial the pruner stops ends *pruned* after that epoch's
-checkpoint (the run is left unfinished; a requeued trial reports from the epoch it resumes at).
+checkpoint (the run is left unfinished; a requeued trial that resumes a run reports the
+epochs its log holds first).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from jaxdqn.config import ConfigError
 from jaxdqn.config.members import ranked_members
 from jaxdqn.market.errors import DataError
 from jaxdqn.program.checkpoints.contents import CheckpointError
+from jaxdqn.program.records.logger import read_metrics
 from jaxdqn.program.sweep.space import SweepSpec, trial_overrides
 from jaxdqn.program.sweep.study import SweepError, counts, requeue
 
@@ -86,7 +88,7 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
             reported: list[tuple[int, float]] = []
             if spec.pruner is not None:
                 shape = (ranked_members(cfg), cfg.train.num_seeds)
-                trainer.on_epoch = _pruning(trial, spec, shape, reported)
+                trainer.on_epoch = _pruning(trial, spec, shape, reported, run_dir)
             summary = trainer.run()
     except loop.Stopped:
         epoch, value = reported[-1]
@@ -118,28 +120,42 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
 
 def epoch_score(record: dict[str, Any], metric: str, members: int, seeds: int) -> float:
     """The val score of one epoch's log ``record`` that the pruner compares: the mean over
-    seeds of ``val_<metric>``; a population (``members`` > 0, ``seeds`` each, member-major):
-    the best member's mean val Sharpe, which the run's own checkpoint selection ranks."""
-    if not members:
+    seeds of ``val_<metric>``; a population (``members`` > 1, ``seeds`` each, member-major):
+    the best member's mean val Sharpe, which the run's own checkpoint selection ranks (one
+    member: its mean over seeds)."""
+    if members <= 1:
         return float(record[f"val_{metric}"])
     sharpes = np.asarray(record["val_sharpe_seeds"], np.float64).reshape(members, seeds)
     return float(np.nanmax(np.nanmean(sharpes, axis=1)))
 
 
 def _pruning(
-    trial: Any, spec: SweepSpec, shape: tuple[int, int], reported: list[tuple[int, float]]
+    trial: Any,
+    spec: SweepSpec,
+    shape: tuple[int, int],
+    reported: list[tuple[int, float]],
+    run_dir: Path,
 ) -> Callable[[dict[str, Any]], bool]:
     """The trainer's ``on_epoch``: report the epoch's score (appended to ``reported``, as
-    ``(epoch, score)``); True (stop) when the pruner says so. ``shape``: (members, seeds)."""
+    ``(epoch, score)``); True (stop) when the pruner says so. ``shape``: (members, seeds).
+    A resumed run's first call reports the epochs its log already holds first (the trainer
+    has truncated the log to its checkpoint by then), so the pruner sees the whole run."""
+
+    def report(record: dict[str, Any]) -> None:
+        if f"val_{spec.metric}" not in record:
+            return
+        value = epoch_score(record, spec.metric, *shape)
+        if math.isfinite(value):  # (Optuna's pruners skip non-finite values too)
+            trial.report(value, int(record["epoch"]))
+            reported.append((int(record["epoch"]), value))
 
     def on_epoch(record: dict[str, Any]) -> bool:
-        value = epoch_score(record, spec.metric, *shape)
-        if not math.isfinite(value):
-            return False  # nothing to compare (Optuna's pruners skip non-finite values too)
-        epoch = int(record["epoch"])
-        trial.report(value, epoch)
-        reported.append((epoch, value))
-        return bool(trial.should_prune())
+        if not reported:
+            for past in read_metrics(run_dir):
+                if past["epoch"] < record["epoch"] and not past.get("fault"):
+                    report(past)
+        report(record)
+        return bool(reported) and reported[-1][0] == record["epoch"] and trial.should_prune()
 
     return on_epoch
 
