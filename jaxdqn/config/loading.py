@@ -30,6 +30,7 @@ __all__ = [
     "describe",
     "differences",
     "dump",
+    "inline_yaml",
     "load",
     "to_dict",
 ]
@@ -335,9 +336,14 @@ def describe(cls=Config, prefix: str = "") -> list[tuple[str, str, str]]:
         help_ = f.metadata.get("help", "")
         if f.metadata.get("choices"):
             help_ += f" [{' | '.join(map(str, f.metadata['choices']))}]"
-        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("\n...")
-        rows.append((key, shown, help_))
+        rows.append((key, inline_yaml(default), help_))
     return rows
+
+
+def inline_yaml(value: Any) -> str:
+    """``value`` as one line of YAML flow style (``[1, 2]``, ``auto``, ``0.5``, ``null``), as
+    ``configs/default.yaml``, ``--help`` and ``key=value`` overrides write values."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
 
 
 def commented_yaml(cfg: Any = None, indent: int = 0) -> str:
@@ -358,8 +364,7 @@ def commented_yaml(cfg: Any = None, indent: int = 0) -> str:
             continue
         if isinstance(v, tuple):
             v = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
-        text = yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...")
-        lines.append(f"{pad}{f.name}: {text}")
+        lines.append(f"{pad}{f.name}: {inline_yaml(v)}")
     return "\n".join(lines)
 
 

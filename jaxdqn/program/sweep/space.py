@@ -48,6 +48,7 @@ import yaml
 
 from jaxdqn import config as config_lib
 from jaxdqn.config import Config, ConfigError
+from jaxdqn.config.loading import inline_yaml
 from jaxdqn.config.members import ranked_members
 
 __all__ = ["Param", "Pruner", "SweepSpec", "load_spec", "trial_overrides"]
@@ -336,7 +337,7 @@ def format_value(v: Any) -> str:
     """``v`` as an override's value (YAML: numbers exact, strings and null as written)."""
     if isinstance(v, float):
         return repr(v)
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
+    return inline_yaml(v)
 
 
 def trial_overrides(spec: SweepSpec, values: Mapping[str, Any]) -> list[str]:
