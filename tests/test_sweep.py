@@ -382,12 +382,14 @@ def test_h2_a_resumed_trial_reports_its_logged_epochs_first(tmp_path):
 
     spec = space.load_spec(_spec_file(tmp_path, pruner={"type": "median"}))
     trial, reported = Trial(), []
-    on_epoch = worker._pruning(trial, spec, (0, 1), reported, tmp_path)
+    on_epoch = worker._pruning(trial, spec, (0, 1, 6), reported, tmp_path)
     assert on_epoch({"epoch": 3, "val_sharpe": 1.5}) is False
     assert trial.reports == reported == [(1, 0.5), (2, -0.25), (3, 1.5)]
     assert on_epoch({"epoch": 4, "val_sharpe": -1.0}) is True  # the log is read once only
     assert trial.reports[3:] == [(4, -1.0)]
     assert on_epoch({"epoch": 5, "val_sharpe": float("nan")}) is False  # nothing to judge
+    assert on_epoch({"epoch": 6, "val_sharpe": -1.0}) is False  # the last epoch: it finishes
+    assert trial.reports[-1] == (6, -1.0)
 
 
 @pytest.mark.slow

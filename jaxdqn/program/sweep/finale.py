@@ -188,8 +188,9 @@ def _pruner_text(pruner: Mapping[str, Any] | None) -> str:
     if not pruner:
         return "no pruner"
     if pruner["type"] == "median":
+        w = pruner["warmup"]
         return (f"median pruner after {pruner['startup']} finished trials, never within a trial's "
-                f"first {pruner['warmup']} epochs")  # fmt: skip
+                f"first {w} epoch{'' if w == 1 else 's'}")  # fmt: skip
     return f"pruned when worse than {pruner['worse_than']} after epoch {pruner['warmup']}"
 
 
@@ -204,7 +205,8 @@ def _trial_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], winner:
         state = r["state"] + (f" (resumes {r['resumes']})" if r.get("resumes") is not None else "")
         params = [_param_cell(r["params"][k]) if k in r["params"] else "" for k in keys]
         note = r.get("error") or ""  # (a pruned trial's: where and on what it was stopped)
-        body.append([name, state, *params, cell(r["value"]), r.get("run_dir") or "", note])
+        value = "" if r["value"] is None else cell(r["value"])  # (only complete trials have one)
+        body.append([name, state, *params, value, r.get("run_dir") or "", note])
     return markdown_table(["trial", "state", *keys, "val score", "run", "note"], body)
 
 

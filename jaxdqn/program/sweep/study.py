@@ -199,8 +199,9 @@ def counts(study: Any) -> Counts:
 
 
 def trial_rows(study: Any) -> list[Mapping[str, Any]]:
-    """Every trial as a JSON row: number, state, values, val score, run directory, what it
-    resumed, its error, and its per-epoch val scores (``epochs``: epoch → score, what the
+    """Every trial as a JSON row: number, state, values, val score (complete trials only: the
+    run's selected val metric), run directory, what it resumed, its error or pruning note, and
+    its per-epoch val scores (``epochs``: epoch → score, what the
     pruner saw)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
@@ -209,7 +210,7 @@ def trial_rows(study: Any) -> list[Mapping[str, Any]]:
                 "number": t.number,
                 "state": t.state.name.lower(),
                 "params": dict(t.params),
-                "value": t.value,
+                "value": t.value if t.state.name == "COMPLETE" else None,  # (a pruned: in epochs)
                 "run_dir": t.user_attrs.get("run_dir"),
                 "resumes": t.user_attrs.get("resumes"),
                 "error": t.user_attrs.get("error"),

@@ -87,7 +87,7 @@ def run_trial(trial: Any, spec: SweepSpec, sweep_dir: Path) -> float:
             trainer = loop.Trainer(cfg, run_dir, resume=resume, progress=False)
             reported: list[tuple[int, float]] = []
             if spec.pruner is not None:
-                shape = (ranked_members(cfg), cfg.train.num_seeds)
+                shape = (ranked_members(cfg), cfg.train.num_seeds, cfg.train.epochs)
                 trainer.on_epoch = _pruning(trial, spec, shape, reported, run_dir)
             summary = trainer.run()
     except loop.Stopped:
@@ -132,19 +132,21 @@ def epoch_score(record: dict[str, Any], metric: str, members: int, seeds: int) -
 def _pruning(
     trial: Any,
     spec: SweepSpec,
-    shape: tuple[int, int],
+    shape: tuple[int, int, int],
     reported: list[tuple[int, float]],
     run_dir: Path,
 ) -> Callable[[dict[str, Any]], bool]:
     """The trainer's ``on_epoch``: report the epoch's score (appended to ``reported``, as
-    ``(epoch, score)``); True (stop) when the pruner says so. ``shape``: (members, seeds).
+    ``(epoch, score)``); True (stop) when the pruner says so, before the run's last epoch
+    (after it, stopping would save nothing but lose the finished run's selection and report).
+    ``shape``: (members, seeds, epochs).
     A resumed run's first call reports the epochs its log already holds first (the trainer
     has truncated the log to its checkpoint by then), so the pruner sees the whole run."""
 
     def report(record: dict[str, Any]) -> None:
         if f"val_{spec.metric}" not in record:
             return
-        value = epoch_score(record, spec.metric, *shape)
+        value = epoch_score(record, spec.metric, *shape[:2])
         if math.isfinite(value):  # (Optuna's pruners skip non-finite values too)
             trial.report(value, int(record["epoch"]))
             reported.append((int(record["epoch"]), value))
@@ -155,7 +157,8 @@ def _pruning(
                 if past["epoch"] < record["epoch"] and not past.get("fault"):
                     report(past)
         report(record)
-        return bool(reported) and reported[-1][0] == record["epoch"] and trial.should_prune()
+        judged = bool(reported) and reported[-1][0] == record["epoch"] < shape[2]
+        return judged and trial.should_prune()
 
     return on_epoch
 
