@@ -123,14 +123,11 @@ def apply_schedule(
     from the host EMA of the validation Q spread. Only values change, never shapes or dtypes.
     """
     opt_state = state.opt_state
-    if sched.restart and isinstance(sched.moment_scale, tuple):
-        scales = np.asarray(sched.moment_scale, np.float32)
-        opt_state = jax.vmap(optim.scale_adam_moments)(opt_state, scales)
-    elif sched.restart:
-        scale = sched.moment_scale
-        opt_state = jax.vmap(lambda o: optim.scale_adam_moments(o, scale))(opt_state)
-    # one learning rate per agent (an ordinary run: the same for all)
-    lrs = np.broadcast_to(np.asarray(sched.lr, np.float32), state.updates.shape)
+    # one O3 factor and one learning rate per agent (an ordinary run: the same for all)
+    per_agent = lambda v: np.broadcast_to(np.asarray(v, np.float32), state.updates.shape)
+    if sched.restart:
+        opt_state = jax.vmap(optim.scale_adam_moments)(opt_state, per_agent(sched.moment_scale))
+    lrs = per_agent(sched.lr)
     opt_state = jax.vmap(optim.set_learning_rate)(opt_state, lrs)
     # set_host_inputs broadcasts to the stored [S] shape as float32.
     host_inputs = dynamics.set_host_inputs(

@@ -30,9 +30,9 @@ per-epoch val score the run's own checkpoint selection sees (the mean over seeds
 score after epoch e is worse than the median of earlier trials' scores after epoch e, once K
 trials have finished) or ``{type: threshold, worse_than: X, warmup: W}`` (a score worse than
 X). No trial is stopped within its first W epochs (default 1), nor after its last (it
-finishes). A stopped trial is *pruned*: its
-run keeps its checkpoints and log (``python -m jaxdqn.train --resume RUN`` finishes it), it counts
-toward ``trials``, and every val Sharpe it compared counts in the DSR's N.
+finishes). A stopped trial is *pruned*: its run keeps its checkpoints and log (``python -m
+jaxdqn.train --resume RUN`` finishes it), it counts toward ``trials``, and every val Sharpe it
+compared counts in the DSR's N.
 """
 
 from __future__ import annotations

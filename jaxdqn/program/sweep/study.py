@@ -201,8 +201,7 @@ def counts(study: Any) -> Counts:
 def trial_rows(study: Any) -> list[Mapping[str, Any]]:
     """Every trial as a JSON row: number, state, values, val score (complete trials only: the
     run's selected val metric), run directory, what it resumed, its error or pruning note, and
-    its per-epoch val scores (``epochs``: epoch → score, what the
-    pruner saw)."""
+    its per-epoch val scores (``epochs``: epoch → score, what the pruner saw)."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         rows.append(

@@ -151,8 +151,12 @@ def _pruning(
             trial.report(value, int(record["epoch"]))
             reported.append((int(record["epoch"]), value))
 
+    replayed = False  # the log is read once, at the first call
+
     def on_epoch(record: dict[str, Any]) -> bool:
-        if not reported:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
             for past in read_metrics(run_dir):
                 if past["epoch"] < record["epoch"] and not past.get("fault"):
                     report(past)
