@@ -35,10 +35,14 @@ doing ``m``× the head's multiply-adds; the reference (one module per branch; th
 default) computes each branch's ``value``/``gate`` ``[SH2(+3), AH]`` and
 ``head_value [AH, N]``, ``head_advantage [AH, 3N]``.
 
+``kernels.heads`` = ``split`` or the Pallas head kernels compute each branch's head alone (the
+model's count), the kernels with their bias gradients inside.
+
 Two totals: :func:`executed_flops` — the products the JAX program executes (block-diagonal
-heads when fused, bias GEMMs on accelerators), and :func:`model_flops` — the update's math,
-each branch's head its own product and no bias GEMMs (what the PyTorch peer's batched heads
-compute; the figure "% of the matmul rate" is quoted for). On the CPU the executed count equals
+heads when fused with ``kernels.heads=blockdiag``, bias GEMMs on accelerators), and
+:func:`model_flops` — the update's math, each branch's head its own product and no bias GEMMs
+(what the PyTorch peer's batched heads compute; the figure "% of the matmul rate" is quoted
+for). On the CPU the executed count equals
 a count of the ``dot_general`` equations of the update's jaxpr (:func:`jaxpr_flops`,
 ``tests/test_bench_flops.py``).
 
@@ -124,9 +128,13 @@ def _uses_bottleneck(model: config.ModelConfig, obs_dim: int) -> bool:
     return 0 < model.bottleneck_dim < obs_dim
 
 
-def network_layers(model: config.ModelConfig, obs_dim: int, *, fused: bool = True) -> list[Layer]:
+def network_layers(
+    model: config.ModelConfig, obs_dim: int, *, fused: bool = True, heads: str = "blockdiag"
+) -> list[Layer]:
     """The dense layers of one network pass (M1–M6, M12) in order, for observations of width
-    ``obs_dim``; ``fused``: the branches as ``kernels.fused`` computes them (module docstring)."""
+    ``obs_dim``; ``fused``: the branches as ``kernels.fused`` computes them (module docstring);
+    ``heads``: ``kernels.heads`` resolved. The Pallas head kernels (``pallas``, ``interpret``)
+    sum the heads' bias gradients inside the kernel: their head layers count no bias GEMM."""
     layers = []
     width = obs_dim
     if _uses_bottleneck(model, obs_dim):
@@ -142,14 +150,15 @@ def network_layers(model: config.ModelConfig, obs_dim: int, *, fused: bool = Tru
     ah, head = model.ah, (1 + NUM_ACTIONS) * model.num_atoms  # head_value | head_advantage
     m5 = model.dir_conditioning
     if fused:
+        gemm_bias = heads not in ("pallas", "interpret")
         layers.append(Layer("branches.value_gate", model.sh2, 2 * NUM_BRANCHES * ah))
         m = NUM_BRANCHES - 1 if m5 else NUM_BRANCHES
-        layers.append(Layer("branches.heads", m * ah, m * head, blocks=m))
+        layers.append(Layer("branches.heads", m * ah, m * head, bias=gemm_bias, blocks=m))
         if m5:
             layers += [
                 Layer("branch_magnitude.value_cond", NUM_ACTIONS, ah, grad_in=False, bias=False),
                 Layer("branch_magnitude.gate_cond", NUM_ACTIONS, ah, grad_in=False, bias=False),
-                Layer("branch_magnitude.heads", ah, head),
+                Layer("branch_magnitude.heads", ah, head, bias=gemm_bias),
             ]
     else:
         for key in ("direction", "magnitude", "order", "urgency"):
@@ -243,14 +252,15 @@ def update_products(
     fused: bool = True,
     block_diagonal: bool = True,
     bias_gemm: bool = False,
+    heads: str = "blockdiag",
 ) -> list[Product]:
     """Every matrix product of one learner update of ``cfg`` at batch ``batch`` (this device's
     rows) on observations of width ``obs_dim``: ``fused`` = ``kernels.fused`` resolved (True on
     accelerators by default), ``block_diagonal``: count the fused head product as executed
     (False: as its ``m`` branches' own products), ``bias_gemm``: add the accelerators'
-    bias-gradient GEMMs."""
+    bias-gradient GEMMs, ``heads``: ``kernels.heads`` resolved (:func:`network_layers`)."""
     model, loss = cfg.model, cfg.loss
-    net = network_layers(model, obs_dim, fused=fused)
+    net = network_layers(model, obs_dim, fused=fused, heads=heads)
     needs_target_q_s = loss.aux_training and model.denoiser  # losses.make_loss
     rows_target = batch * (2 if needs_target_q_s else 1)
     online = net + (coordination_layers(model) if loss.aux_training else [])
@@ -269,11 +279,26 @@ def update_products(
 
 
 def executed_flops(
-    cfg: config.Config, batch: int, obs_dim: int, *, fused: bool = True, bias_gemm: bool = False
+    cfg: config.Config,
+    batch: int,
+    obs_dim: int,
+    *,
+    fused: bool = True,
+    bias_gemm: bool = False,
+    heads: str = "blockdiag",
 ) -> int:
     """Matrix-product FLOPs of one update as the JAX program executes them (block-diagonal heads
-    when ``fused``; ``bias_gemm`` on accelerators)."""
-    products = update_products(cfg, batch, obs_dim, fused=fused, bias_gemm=bias_gemm)
+    when ``fused`` with ``heads`` = ``blockdiag``, each branch's head alone with ``split`` or
+    the Pallas head kernels; ``bias_gemm`` on accelerators)."""
+    products = update_products(
+        cfg,
+        batch,
+        obs_dim,
+        fused=fused,
+        block_diagonal=heads == "blockdiag",
+        bias_gemm=bias_gemm,
+        heads=heads,
+    )
     return sum(p.flops for p in products)
 
 

@@ -65,7 +65,7 @@ from bench import flops as flops_lib  # noqa: E402
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import build_agent, make_init  # noqa: E402
-from jaxdqn.agent.resolve import fused_kernels  # noqa: E402
+from jaxdqn.agent.resolve import fused_kernels, head_kernels  # noqa: E402
 from jaxdqn.market import market as market_setup  # noqa: E402
 from jaxdqn.program.launch import runtime  # noqa: E402
 
@@ -152,6 +152,7 @@ def bench_learner(base, extra, batch, prepared, args) -> dict:
     cost = xla_cost_flops(agent, state) if args.xla_cost else None
     median_s, _ = time_calls(compiled, state, args.repeats)
     fused, accelerator = fused_kernels(cfg.kernels.fused), jax.default_backend() != "cpu"
+    heads = head_kernels(cfg.kernels.heads, fused)
     return {
         "kind": "learner",
         "size": batch,
@@ -159,7 +160,7 @@ def bench_learner(base, extra, batch, prepared, args) -> dict:
         "compile_s": compile_s,
         "model_flops": flops_lib.model_flops(cfg, batch, agent.obs_dim),
         "executed_flops": flops_lib.executed_flops(
-            cfg, batch, agent.obs_dim, fused=fused, bias_gemm=accelerator
+            cfg, batch, agent.obs_dim, fused=fused, bias_gemm=accelerator, heads=heads
         ),
         "xla_cost_flops": cost,
         "obs_dim": agent.obs_dim,

@@ -14,6 +14,8 @@ call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
   (command buffers with concurrent regions); ``--flags on`` runs the second alone;
 - ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on.
 
+``--components off``: every component off (``config.ALL_OFF``) instead of on, in every part.
+
 ``acting``: acting env steps/s at E = 65,536, every component on: with ``--before``, before /
 after / each ``--also`` variant with the flags on; without, this checkout with each ``--flags``
 setting and each ``--also`` variant (flags on).
@@ -26,6 +28,7 @@ twice with one fresh cache folder; the time from the process start to the end of
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import subprocess
@@ -41,12 +44,19 @@ from jaxdqn.program.launch.runtime import GPU_XLA_FLAGS  # noqa: E402
 
 
 def trace_variant(
-    root: Path, flags: bool, updates: int, overrides: tuple[str, ...] = (), top: int = 40
+    root: Path,
+    flags: bool,
+    updates: int,
+    overrides: tuple[str, ...] = (),
+    top: int = 40,
+    components: str = "on",
 ) -> dict[str, str]:
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
     cmd = [sys.executable, str(root / "bench" / "trace_update.py"), "--calls", "2"]
     cmd += ["--updates", str(updates), "--top", str(top), *overrides]
+    if components != "on":  # (a --before checkout may predate --components)
+        cmd += ["--components", components]
     res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     out = res.stdout
     if res.returncode != 0:
@@ -69,17 +79,20 @@ from bench.iteration import bench_acting
 from jaxdqn import config
 from jaxdqn.market import market
 base = {root!r} + "/configs/gpu.yaml"
-extra = [*config.ALL_ON, *{overrides!r}]
-sps = bench_acting(base, extra, 65536, 16, market.prepare(config.load(base)))
-print(f"ACTING {{sps:.4e}}")
+extra = [*config.{switches}, *{overrides!r}]
+row = bench_acting(base, extra, 65536, 16, market.prepare(config.load(base)), 5)
+print(f"ACTING {{row['env_steps_s']:.4e}}")
 """
 
 
-def acting_variant(root: Path, flags: bool, overrides: tuple[str, ...] = ()) -> str:
-    """Acting env steps/s at E = 65,536 (16 steps per call, every component on)."""
+def acting_variant(
+    root: Path, flags: bool, overrides: tuple[str, ...] = (), components: str = "on"
+) -> str:
+    """Acting env steps/s at E = 65,536 (16 steps per call, every component on or off)."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
-    code = ACTING.format(root=str(root), overrides=list(overrides))
+    switches = "ALL_ON" if components == "on" else "ALL_OFF"
+    code = ACTING.format(root=str(root), overrides=list(overrides), switches=switches)
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
     )
@@ -116,6 +129,12 @@ def main():
     ap.add_argument("--parts", default="learner,cache", help="any of learner, acting, cache")
     ap.add_argument("--flags", default="off,on", help="XLA flag settings of the learner rows")
     ap.add_argument(
+        "--components",
+        choices=("on", "off"),
+        default="on",
+        help="every component on (config.ALL_ON) or off (config.ALL_OFF)",
+    )
+    ap.add_argument(
         "--also",
         action="append",
         default=[],
@@ -136,26 +155,29 @@ def main():
             roots = [("before", Path(args.before).resolve()), ("after", ROOT)]
         for label, root in roots:
             for flags in (s == "on" for s in settings):
-                r = trace_variant(root, flags, args.updates)
+                r = trace_variant(root, flags, args.updates, components=args.components)
                 rows.append((label, "on" if flags else "off", r))
         for extra in args.also:
-            r = trace_variant(ROOT, True, args.updates, tuple(extra.split()), top=0)
+            r = trace_variant(
+                ROOT, True, args.updates, tuple(extra.split()), top=0, components=args.components
+            )
             rows.append((f"{roots[-1][0]} {extra}", "on", r))
     acting_rows = []
     if "acting" in parts:
         # with --before: before and after (flags on); without: this checkout, flags off and on
         if args.before:
             before = Path(args.before).resolve()
-            acting_rows = [("before", "on", acting_variant(before, True))]
-            acting_rows += [("after", "on", acting_variant(ROOT, True))]
+            act = functools.partial(acting_variant, components=args.components)
+            acting_rows = [("before", "on", act(before, True))]
+            acting_rows += [("after", "on", act(ROOT, True))]
             acting_rows += [
-                (f"after {e}", "on", acting_variant(ROOT, True, tuple(e.split())))
-                for e in args.also
+                (f"after {e}", "on", act(ROOT, True, tuple(e.split()))) for e in args.also
             ]
         else:
-            acting_rows = [("this", f, acting_variant(ROOT, f == "on")) for f in settings]
+            act = functools.partial(acting_variant, components=args.components)
+            acting_rows = [("this", f, act(ROOT, f == "on")) for f in settings]
             acting_rows += [
-                (f"this {e}", "on", acting_variant(ROOT, True, tuple(e.split()))) for e in args.also
+                (f"this {e}", "on", act(ROOT, True, tuple(e.split()))) for e in args.also
             ]
     cache_rows = []
     if "cache" in parts:
@@ -167,7 +189,8 @@ def main():
 
     print()
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; learner B = 4,096, "
-          f"gpu.yaml sizes, every component on; {args.updates} updates per call")  # fmt: skip
+          f"gpu.yaml sizes, every component {args.components}; {args.updates} updates per "
+          f"call")  # fmt: skip
     width = max([8] + [len(r[0]) for r in rows])
     print(f"{'code':<{width}} {'XLA flags':<10} {'µs/update':>10} {'updates/s':>10} "
           f"{'kernels/upd':>12} {'GPU busy':>9}")  # fmt: skip
@@ -177,7 +200,7 @@ def main():
         print(f"{label:<{width}} {flags:<10} {us:>10} {ups:>10} "
               f"{r.get('kernels/update', '?'):>12} {r.get('GPU busy', '?'):>9}")  # fmt: skip
     for label, flags, sps in acting_rows:
-        print(f"acting E = 65,536, every component on, {label}, XLA flags {flags}: "
+        print(f"acting E = 65,536, every component {args.components}, {label}, XLA flags {flags}: "
               f"{sps} env steps/s")  # fmt: skip
     for which, epoch_end, total in cache_rows:
         print(f"compile cache {which}: end of epoch 1 after {epoch_end:.1f} s, "

@@ -1,15 +1,21 @@
-"""Per-kernel trace of learner updates (issue 12: where the GPU time goes, measured, not guessed).
+"""Per-kernel trace of learner updates or acting steps (issues 12, 33: where the GPU time goes,
+measured, not guessed).
 
 Builds the learner at configs/gpu.yaml sizes with every component on (``config.ALL_ON``; L3 is
-off by default), compiles ``U`` updates in one ``lax.scan``, and records ``--calls`` calls of it
-with ``jax.profiler`` (a Perfetto trace). Then reads the trace back: every event on a GPU
-stream is one kernel (or copy); per update it reports the kernel count, the summed kernel time,
-the GPU busy fraction (union of kernel intervals over the traced wall time) and the time by
+off by default) or off (``--components off``: ``config.ALL_OFF``), compiles ``U`` updates in one
+``lax.scan``, and records ``--calls`` calls of it with ``jax.profiler`` (a Perfetto trace).
+``--part acting`` traces acting instead: ``act`` + ``store`` at ``--envs`` environments (65,536)
+and ``acting.steps`` = U steps per call, the program ``bench/iteration.py`` times; "update" in
+the tables then means one step of all environments. Then reads the trace back: every event on
+a GPU stream is one kernel (or copy); per update it reports the kernel count, the summed kernel
+time, the GPU busy fraction (union of kernel intervals over the traced wall time) and the time by
 kernel class and by kernel name, each kernel with the op and Python lines it came from
 (:mod:`bench.hlo_source`, from the compiled module's own metadata). Prints a table last;
 ``--keep DIR`` keeps the raw trace.
 
     python bench/trace_update.py                 # on the H200
+    python bench/trace_update.py --components off                # the all-off update
+    python bench/trace_update.py --part acting --updates 16      # acting, E = 65,536
     python bench/trace_update.py --tiny          # smoke sizes on a CPU (no GPU streams: checks
                                                  # that the script runs; the table is empty)
     python bench/trace_update.py key=value ...   # extra config overrides (e.g. replay.batch_size)
@@ -36,7 +42,13 @@ sys.path.insert(0, str(ROOT))
 from bench.hlo_source import instruction_sources, kernel_instruction  # noqa: E402
 from bench.iteration import build, fill_replay, time_calls  # noqa: E402
 from jaxdqn import config  # noqa: E402
+from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
+
+COMPONENTS = {
+    "on": ("every component on", config.ALL_ON),
+    "off": ("every component off", config.ALL_OFF),
+}
 
 #: (class, regex on the lower-cased kernel name), first match wins.
 CLASSES = (
@@ -139,20 +151,31 @@ def main():
     ap.add_argument("--keep", default=None, help="copy the raw trace directory here")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--hlo", default=None, help="write the compiled module's text here (.gz ok)")
+    ap.add_argument("--components", choices=tuple(COMPONENTS), default="on")
+    ap.add_argument("--part", choices=("learner", "acting"), default="learner")
+    ap.add_argument("--envs", type=int, default=None, help="acting: environments (65,536)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
     batch = 64 if args.tiny else 4096
-    envs = 64 if args.tiny else 4096
-    p, cfg, agent = build(
-        base,
-        [*config.ALL_ON, f"replay.batch_size={batch}", f"acting.num_envs={envs}",
-         f"replay.learning_starts={batch}", "replay.capacity=1048576", *args.overrides],
-    )  # fmt: skip
+    acting = args.part == "acting"
+    envs = args.envs or (64 if args.tiny else 65536 if acting else 4096)
+    label, switches = COMPONENTS[args.components]
+    sizes = [f"replay.batch_size={batch}", f"acting.num_envs={envs}", "replay.capacity=1048576"]
+    if acting:  # never learns: the program is act + store, as bench/iteration.py times it
+        sizes += [f"acting.steps={args.updates}", "replay.learning_starts=1048576"]
+    else:
+        sizes += [f"replay.learning_starts={batch}"]
+    p, cfg, agent = build(base, [*switches, *sizes, *args.overrides])
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
-    state = fill_replay(cfg, agent, state, p.market)
-    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
-    compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
+    if acting:
+        market = p.market
+        act = lambda s: (iteration.store(agent, *iteration.act(agent, s, market)), None)
+        compiled = jax.jit(act, donate_argnums=0).lower(state).compile()
+    else:
+        state = fill_replay(cfg, agent, state, p.market)
+        run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
+        compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
     hlo_text = compiled.as_text()
     sources = instruction_sources(hlo_text)
     if args.hlo:
@@ -183,10 +206,14 @@ def main():
     busy = busy_time(kernels)
 
     print()
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; B = {batch}; every component "
-          f"on; {args.updates} updates x {args.calls} traced calls")  # fmt: skip
+    what = f"acting, E = {envs}" if acting else f"learner, B = {batch}"
+    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {what}; {label}; "
+          f"{args.updates} {'steps' if acting else 'updates'} x {args.calls} traced calls; "
+          f"overrides {args.overrides or 'none'}")  # fmt: skip
     print(f"timed (untraced): {per_update_us:.0f} µs per update = {1e6 / per_update_us:,.0f} "
           f"updates/s (median of 5 calls)")  # fmt: skip
+    if acting:
+        print(f"acting: {envs * 1e6 / per_update_us:.3e} env steps/s ({envs} environments)")
     if not kernels:
         print("no GPU kernel events in the trace (CPU run): nothing to attribute")
         return

@@ -2,19 +2,25 @@
 
 P1 `c51_project`: C51 categorical projection (Triton "pull" kernel, no atomics).
 P2 `kan_gate`: KAN cubic B-spline gate, forward and backward kernels under a custom_vjp.
-Both take backend in {"auto", "pallas", "interpret", "reference"}.
+M6 `dueling_heads`: several branches' dueling C51 heads, forward and backward kernels under a
+custom_vjp (jaxdqn's `kernels.heads=pallas`).
+All take backend in {"auto", "pallas", "interpret", "reference"}.
 """
 
 from pallas_kernels._backend import BACKENDS, fallbacks
+from pallas_kernels.heads import HeadBlocks, dueling_heads, dueling_heads_reference
 from pallas_kernels.kan import KanBlocks, kan_gate, kan_gate_init, kan_gate_reference
 from pallas_kernels.projection import c51_project, c51_project_dense, c51_project_reference
 
 __all__ = [
     "BACKENDS",
+    "HeadBlocks",
     "KanBlocks",
     "c51_project",
     "c51_project_dense",
     "c51_project_reference",
+    "dueling_heads",
+    "dueling_heads_reference",
     "fallbacks",
     "kan_gate",
     "kan_gate_init",

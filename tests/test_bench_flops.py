@@ -165,17 +165,22 @@ def _jaxpr_of_update(cfg: config.Config):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("components", ["off", "on"])
-@pytest.mark.parametrize("fused", ["fused", "reference"])
+@pytest.mark.parametrize("fused", ["fused", "reference", "split"])
 def test_analytic_count_equals_the_dot_generals_of_the_updates_jaxpr(components, fused):
     """The whole update (sample → targets → loss and gradient → optax → priorities → target
     network → statistics) traced on the CPU: the sum of 2·prod(dims) over its dot_general
-    equations equals the analytic count exactly."""
+    equations equals the analytic count exactly (``split``: fused branches, one head product
+    per branch, ``kernels.heads=split``)."""
     extra = config.ALL_OFF if components == "off" else config.ALL_ON
-    cfg = smoke([*extra, f"kernels.fused={fused}"])
+    heads = "split" if fused == "split" else "blockdiag"
+    cfg = smoke([*extra, f"kernels.fused={'reference' if fused == 'reference' else 'fused'}",
+                 f"kernels.heads={heads}"])  # fmt: skip
     jaxpr, d = _jaxpr_of_update(cfg)
     counted = flops.jaxpr_flops(jaxpr)
     assert counted > 0
-    assert flops.executed_flops(cfg, B, d, fused=fused == "fused") == counted
+    assert flops.executed_flops(cfg, B, d, fused=fused != "reference", heads=heads) == counted
+    if fused == "split":
+        assert counted < flops.executed_flops(cfg, B, d, fused=True)
 
 
 @pytest.mark.slow

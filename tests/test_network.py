@@ -559,8 +559,24 @@ def test_m3_m6_fused_branches_equal_the_per_branch_modules(switches):
     """The fused computation (one value/gate product, one gate call, one batched head product)
     has the per-branch modules' parameter tree and initial values exactly, and their outputs
     and gradients to float rounding."""
-    cfg = dataclasses.replace(CFG, **switches)
-    fused, ref = N.make_model(cfg, OBS_DIM, fused=True), N.make_model(cfg, OBS_DIM, fused=False)
+    _fused_equals_per_branch(dataclasses.replace(CFG, **switches), "blockdiag")
+
+
+@pytest.mark.parametrize("heads", ["split", "interpret"])
+@pytest.mark.parametrize("m5", [True, False], ids=["m5", "no_m5"])
+@pytest.mark.slow
+def test_m6_every_head_kernel_equals_the_per_branch_modules(heads, m5):
+    """kernels.heads: one product per branch and the Pallas head kernels (interpreted) give
+    the per-branch modules' outputs and gradients, with M5 (three heads, then magnitude's
+    alone) and without (all four heads at once)."""
+    _fused_equals_per_branch(dataclasses.replace(CFG, dir_conditioning=m5), heads)
+    with pytest.raises(ValueError, match=r"kernels\.heads"):
+        N.make_model(CFG, OBS_DIM, heads="auto")
+
+
+def _fused_equals_per_branch(cfg, heads: str) -> None:
+    fused = N.make_model(cfg, OBS_DIM, fused=True, heads=heads)
+    ref = N.make_model(cfg, OBS_DIM, fused=False)
     key = jax.random.PRNGKey(3)
     p_fused, p_ref = fused.init(key), ref.init(key)
     chex.assert_trees_all_equal(p_fused, p_ref)

@@ -7,6 +7,7 @@ import pytest
 
 from jaxdqn.agent.resolve import (
     Projection,
+    head_kernels,
     in_q_units,
     make_device_config,
     replay_weighting,
@@ -53,6 +54,7 @@ def test_a3_resolve_puts_every_reward_unit_threshold_in_q_units_once():
     assert (r.replay_alpha, r.importance_weights) == replay_weighting(cfg.replay)
     assert r.projection == Projection("reference", "reference")  # the CPU
     assert not r.fused  # kernels.fused auto on the CPU
+    assert r.heads == "blockdiag"
     assert r.cfg is cfg and r.learning_starts == cfg.replay.learning_starts
 
 
@@ -64,3 +66,17 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     assert r.learning_starts == cfg.replay.learning_starts
     with pytest.raises(ConfigError, match="divisible by 3"):
         resolve(cfg, _Market(_closes()), Shards(axis="data", count=3))
+
+
+def test_m6_kernels_heads_resolves_auto_to_blockdiag_and_needs_the_fused_branches():
+    assert head_kernels("auto", fused=True) == head_kernels("auto", fused=False) == "blockdiag"
+    for setting in ("blockdiag", "split", "pallas", "interpret"):
+        assert head_kernels(setting, fused=True) == setting
+    assert head_kernels("blockdiag", fused=False) == "blockdiag"
+    for setting in ("split", "pallas", "interpret"):
+        with pytest.raises(ConfigError, match=f"kernels.heads={setting} needs the fused"):
+            head_kernels(setting, fused=False)
+    cfg = Config()
+    kernels = dataclasses.replace(cfg.kernels, heads="split", fused="fused")
+    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    assert (r.fused, r.heads) == (True, "split")

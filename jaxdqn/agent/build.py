@@ -118,6 +118,7 @@ def build_agent(
         obs_dim,
         kan_backend=cfg.kernels.kan,
         fused=r.fused,
+        heads=r.heads,
         shards=shards,
         matmul=cfg.kernels.matmul,
     )

@@ -10,6 +10,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
   ``loss.spread_max_gap``) as a Q value;
 * :func:`replay_weighting`: ``replay.prioritised`` off = α 0 and unit IS weights;
 * :func:`fused_kernels`: ``kernels.fused`` on this backend;
+* :func:`head_kernels`: ``kernels.heads`` (needs the fused branches unless blockdiag);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -59,6 +60,7 @@ class Resolved(NamedTuple):
       gamma_n: the bootstrap discount γⁿ (L7, with the n-step returns' γ).
       replay_alpha, importance_weights: :func:`replay_weighting`.
       fused: :func:`fused_kernels`.
+      heads: :func:`head_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -72,6 +74,7 @@ class Resolved(NamedTuple):
     replay_alpha: float
     importance_weights: bool
     fused: bool
+    heads: str
     projection: Projection
 
 
@@ -155,6 +158,24 @@ def fused_kernels(setting: str) -> bool:
     return setting == "fused"
 
 
+def head_kernels(setting: str, fused: bool) -> str:
+    """``kernels.heads`` resolved: ``auto`` = ``blockdiag`` (the measured default; the others
+    are switches to measure against it, bench/RESULTS.md).
+
+    Raises:
+      ConfigError: ``split``, ``pallas`` or ``interpret`` without the fused branches (the
+        per-branch modules compute each head alone already, so the setting would do nothing).
+    """
+    if setting == "auto":
+        return "blockdiag"
+    if setting != "blockdiag" and not fused:
+        raise ConfigError(
+            f"kernels.heads={setting} needs the fused branches, but kernels.fused resolves to "
+            f"reference here ({jax.default_backend()}); set kernels.fused=fused"
+        )
+    return setting
+
+
 def projection_backend(setting: str, deterministic: bool) -> str:
     """``kernels.projection`` resolved: ``auto`` = ``pallas`` (the Triton pull kernel: one
     writer per output; the jnp ``dense`` pull where it cannot be built) on accelerators under
@@ -190,6 +211,7 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
     scale, unit = reward_units(cfg.loss.reward_scale, market.train_closes())
     alpha, weighted = replay_weighting(cfg.replay)
     backend = projection_backend(cfg.kernels.projection, cfg.train.deterministic)
+    fused = fused_kernels(cfg.kernels.fused)
     return Resolved(
         cfg=device_cfg,
         learning_starts=cfg.replay.learning_starts,
@@ -200,6 +222,7 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         gamma_n=cfg.loss.gamma**cfg.loss.n_step,
         replay_alpha=alpha,
         importance_weights=weighted,
-        fused=fused_kernels(cfg.kernels.fused),
+        fused=fused,
+        heads=head_kernels(cfg.kernels.heads, fused),
         projection=Projection(backend, projection_fallback(backend)),
     )

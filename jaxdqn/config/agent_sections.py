@@ -216,6 +216,18 @@ class KernelsConfig:
         "and the reference keeps CPU runs bit-identical to earlier results)",
         choices=("auto", "fused", "reference"),
     )
+    heads: str = _f(
+        "auto",
+        "how kernels.fused computes the dueling heads (M6) of several branches at once: "
+        "blockdiag = one GEMM with the block-diagonal matrix of the branches' [W_V | W_A] "
+        "(m times the head multiply-adds, plain row-major operands), split = one GEMM per "
+        "branch, pallas = the Triton kernels of pallas_kernels/heads.py (each branch's product "
+        "alone with the dueling combination fused in, forward and backward; the jnp split "
+        "where they cannot be built), interpret = those kernels under the Pallas interpreter "
+        "(CPU tests). All equal to float rounding. auto = blockdiag. Anything but auto or "
+        "blockdiag needs the fused branches (kernels.fused=fused, or auto on an accelerator)",
+        choices=("auto", "blockdiag", "split", "pallas", "interpret"),
+    )
     matmul: str = _f(
         "f32",
         "operand precision of the model's matrix products (M1-M12): f32 = JAX's float32 "

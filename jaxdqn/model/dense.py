@@ -40,7 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MATMUL", "Dense", "affine", "batch_sum", "matmul_precision"]
+__all__ = ["MATMUL", "Dense", "affine", "batch_sum", "default_precision", "matmul_precision"]
 
 _ONES_ROWS = 8
 MATMUL = {"f32": None, "bf16": "BF16_BF16_F32"}
@@ -94,7 +94,7 @@ def _gemm_bias_bwd(precision, res, dy):
 _gemm_bias.defvjp(_gemm_bias_fwd, _gemm_bias_bwd)
 
 
-def _default_precision() -> Any:
+def default_precision() -> Any:
     """The matrix-product precision in effect where the layer is traced (``None``: JAX's
     default; an algorithm preset name such as ``"BF16_BF16_F32"`` under
     ``jax.default_matmul_precision``), as a ``dot_general`` ``precision`` argument."""
@@ -112,7 +112,7 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else."""
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
-    return _gemm_bias(x, kernel, bias, _default_precision())
+    return _gemm_bias(x, kernel, bias, default_precision())
 
 
 class Dense(nn.Module):

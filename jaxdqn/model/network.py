@@ -22,8 +22,9 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
 
 ``fused`` (``kernels.fused``) computes M3–M6 for all four branches together
 (:meth:`Network._fused_branches`: one value/gate product, one gate call for direction, order and
-urgency, a block-diagonal head product) with the per-branch modules' parameters; the
-per-branch :class:`Branch` modules are the reference. Every Dense layer is
+urgency, the heads of several branches at once as ``kernels.heads`` says,
+:func:`jaxdqn.model.heads.branch_heads`) with the per-branch modules' parameters; the per-branch
+:class:`Branch` modules are the reference. Every Dense layer is
 :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on accelerators).
 
 ``matmul`` (``kernels.matmul``, f32 | bf16) is the operand precision of the products of the
@@ -58,6 +59,7 @@ from jaxdqn.model import distribution
 from jaxdqn.model.coordination import Coordinated, make_coordination
 from jaxdqn.model.dense import Dense, affine, matmul_precision
 from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
+from jaxdqn.model.heads import HEADS, branch_heads, dueling
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from jaxdqn.shards import ONE_DEVICE, Shards
 from pallas_kernels import kan_gate, kan_gate_init
@@ -168,7 +170,7 @@ class Branch(nn.Module):
         n = self.num_atoms
         v = Dense(n, name="head_value")(a)
         adv = Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
-        return _dueling(v, adv)
+        return dueling(v, adv)
 
 
 class DenseParams(nn.Module):
@@ -221,12 +223,6 @@ class BranchParams(nn.Module):
         return out
 
 
-def _dueling(v: Array, adv: Array) -> Array:
-    """M6: logits ``V[..., None, :] + A − mean_actions A`` from ``v [..., N]`` and
-    ``adv [..., 3, N]`` → ``[..., 3, N]``."""
-    return v[..., None, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
-
-
 class Selectivity(nn.Module):
     """M12: ``sigmoid(w · h + b)`` per sample, ``h [B, SH2] -> [B]``."""
 
@@ -246,6 +242,7 @@ class Network(nn.Module):
     obs_dim: int
     kan_backend: str = "auto"
     fused: bool = True
+    head_kernels: str = "blockdiag"  # kernels.heads resolved (HEADS)
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -299,7 +296,7 @@ class Network(nn.Module):
         Returns logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`.
         """
         c = self.cfg
-        b, sh2 = h_m.shape
+        sh2 = h_m.shape[1]
         ah, n = c.ah, c.num_atoms
         cols = fused_columns(ah)
         mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
@@ -328,18 +325,12 @@ class Network(nn.Module):
             )
 
         def heads(a: Array, keys: tuple[str, ...]) -> Array:
-            """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]``, as
-            one product with the block-diagonal matrix of the branches' ``[W_V | W_A]``: m
-            times the multiply-adds of m separate products, but one plain GEMM whose operands
-            and result keep the row-major layout (a batched product over a middle branch axis
-            made XLA transpose its operands, slower at these sizes)."""
+            """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]``."""
             w = [jnp.concatenate([prm[k]["head_value"][0], prm[k]["head_advantage"][0]], 1)
                  for k in keys]  # fmt: skip
             bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
                     for k in keys]  # fmt: skip
-            w_all = w[0] if len(w) == 1 else jax.scipy.linalg.block_diag(*w)
-            out = affine(a, w_all, jnp.concatenate(bias)).reshape(b, len(keys), -1)
-            return _dueling(out[..., :n], out[..., n:].reshape(b, len(keys), NUM_ACTIONS, n))
+            return branch_heads(a, w, bias, self.head_kernels)
 
         first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
         span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
@@ -386,16 +377,21 @@ def make_model(
     *,
     kan_backend: str = "auto",
     fused: bool = True,
+    heads: str = "blockdiag",
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
-    the four branches together (``kernels.fused``; off: one module per branch); ``shards``:
+    the four branches together (``kernels.fused``; off: one module per branch), ``heads`` how
+    it computes their heads (``kernels.heads`` resolved: blockdiag | split | pallas |
+    interpret); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
     matmul_precision(matmul)  # an unknown value fails here, not at the first trace
-    net = Network(cfg, obs_dim, kan_backend, fused)
+    if heads not in HEADS:
+        raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
+    net = Network(cfg, obs_dim, kan_backend, fused, heads)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
     cell = make_xlstm(cfg)

@@ -1,0 +1,59 @@
+"""M6, the dueling C51 head, for one branch and for several branches at once.
+
+For a branch's features ``a [B, AH]``: ``v = a W_V + b_V`` ``[B, N]``, ``A = a W_A + b_A``
+``[B, 3, N]``, logits ``= v[:, None] + A − mean_actions A`` (:func:`dueling`).
+
+:func:`branch_heads` computes the heads of m branches whose features sit side by side in
+``a [B, m·AH]`` (``kernels.fused``), as ``kernels.heads`` says (:data:`HEADS`):
+
+- ``blockdiag``: one product with the block-diagonal matrix of the branches' ``[W_V | W_A]``:
+  m times the multiply-adds of m separate products, but one plain GEMM whose operands and
+  result keep the row-major layout (a batched product over a middle branch axis made XLA
+  transpose its operands, slower at these sizes);
+- ``split``: one product per branch;
+- ``pallas`` / ``interpret``: the Triton kernels of :func:`pallas_kernels.heads.dueling_heads`,
+  each branch's product alone with the dueling combination in its epilogue (bf16 operands
+  when traced under ``kernels.matmul=bf16``).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxdqn.branches import NUM_ACTIONS
+from jaxdqn.model.dense import affine, default_precision
+from pallas_kernels.heads import dueling_heads
+
+__all__ = ["HEADS", "branch_heads", "dueling"]
+
+HEADS = ("blockdiag", "split", "pallas", "interpret")
+"""The resolved ``kernels.heads`` settings."""
+
+
+def dueling(v: Array, adv: Array) -> Array:
+    """M6: logits ``V[..., None, :] + A − mean_actions A`` from ``v [..., N]`` and
+    ``adv [..., 3, N]`` → ``[..., 3, N]``."""
+    return v[..., None, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
+
+
+def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Array:
+    """The dueling heads of m branches: ``a [B, m·AH]``, each branch's ``w[k] = [W_V | W_A]``
+    ``[AH, 4N]`` and ``bias[k] [4N]`` → logits ``[B, m, 3, N]``, computed as ``impl`` says."""
+    if impl not in HEADS:
+        raise ValueError(f"kernels.heads: {impl!r} is not one of {HEADS}")
+    b, m = a.shape[0], len(w)
+    ah, n = w[0].shape[0], w[0].shape[1] // (1 + NUM_ACTIONS)
+    if impl in ("pallas", "interpret"):
+        bf16 = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+        return dueling_heads(
+            a, jnp.stack(w), jnp.stack(bias), actions=NUM_ACTIONS, backend=impl, bf16=bf16
+        )
+    if impl == "split":
+        parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k]) for k in range(m)]
+        out = jnp.stack(parts, axis=1)
+    else:
+        w_all = w[0] if m == 1 else jax.scipy.linalg.block_diag(*w)
+        out = affine(a, w_all, jnp.concatenate(bias)).reshape(b, m, -1)
+    return dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))
