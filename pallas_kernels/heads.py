@@ -63,17 +63,22 @@ __all__ = [
 class HeadBlocks(tuple):
     """Static tiling: (fwd_bm, fwd_bk, fwd_warps, da_bm, da_bn, da_warps, dw_ba, dw_br,
     dw_programs, dw_warps). ``dw_programs`` is the target number of programs of the dW kernel;
-    the rows are split into ``S`` shares so that ``m · ⌈K/ba⌉ · S`` comes near it."""
+    the rows are split into ``S`` shares so that ``m · ⌈K/ba⌉ · S`` comes near it.
+
+    The defaults are chosen on paper, not measured: the float32 accumulators of a program (the
+    forward's 1 + A tiles ``[bm, NP]``, the dW kernel's 1 + A tiles ``[ba, NP]``) stay near
+    64 registers per thread at 4 warps (32 × 64 × 4 groups × 4 B = 32 KB), and B = 4,096 gives
+    the forward 128 row tiles × m branches of programs."""
 
     def __new__(
         cls,
-        fwd_bm=64,
+        fwd_bm=32,
         fwd_bk=32,
         fwd_warps=4,
-        da_bm=64,
+        da_bm=32,
         da_bn=64,
         da_warps=4,
-        dw_ba=64,
+        dw_ba=32,
         dw_br=32,
         dw_programs=256,
         dw_warps=4,
@@ -243,11 +248,11 @@ def _dw_kernel(a_ref, g_ref, dw_ref, db_ref, *, ba, br, steps, n, num_k, actions
         )
         d = _load_cotangent(g_ref, rows, row_ok, branch, atoms, n, actions)
         dw = [accs[s] + _dot(x, d[s], ((0,), (0,)), bf16) for s in range(groups)]  # xᵀ d_s
-        db = [accs[groups + s] + d[s] for s in range(groups)]
+        db = [accs[groups + s] + jnp.sum(d[s], axis=0) for s in range(groups)]
         return (*dw, *db)
 
     zw = jnp.zeros((ba, _pad_atoms(n)), jnp.float32)
-    zb = jnp.zeros((br, _pad_atoms(n)), jnp.float32)
+    zb = jnp.zeros((_pad_atoms(n),), jnp.float32)
     accs = lax.fori_loop(0, steps, body, (zw,) * groups + (zb,) * groups)
     for s in range(groups):
         cols = s * n + atoms
@@ -259,7 +264,7 @@ def _dw_kernel(a_ref, g_ref, dw_ref, db_ref, *, ba, br, steps, n, num_k, actions
         # Every K tile of the branch holds the same bias sum; the first one writes it.
         pl_triton.store(
             db_ref.at[share, branch, cols],
-            jnp.sum(accs[groups + s], axis=0),
+            accs[groups + s],
             mask=atom_ok & (pid_c == 0),
         )
 
