@@ -639,20 +639,26 @@ def test_dense_is_flax_dense_on_the_cpu_and_its_gemm_bias_gradient_is_the_batch_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("layout", ["reference", "fused", "pallas_heads"])
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_kernels_matmul_bf16_rounds_the_operands_of_every_model_product(
-    model_params, fused, backend, monkeypatch
+    model_params, layout, backend, monkeypatch
 ):
     """kernels.matmul=bf16: every matrix product of the forward pass, of M8–M11 and of their
     transposes (the gradient) carries the BF16_BF16_F32 algorithm; f32 carries none. ``gpu``
     traces the accelerators' Dense formulation (its custom VJP's backward products too), with
-    only ``jax.default_backend`` faked: lowering and compilation stay on the CPU."""
+    only ``jax.default_backend`` faked: lowering and compilation stay on the CPU.
+    ``pallas_heads``: the fused branches with the Pallas head kernels (interpreted, so their
+    products appear in the lowered program), forward and backward kernels."""
     _, params = model_params
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    fused = layout != "reference"
+    heads = "interpret" if layout == "pallas_heads" else "blockdiag"
 
     def products(matmul: str) -> tuple[int, int]:
-        model = N.make_model(CFG, OBS_DIM, kan_backend="reference", fused=fused, matmul=matmul)
+        model = N.make_model(
+            CFG, OBS_DIM, kan_backend="reference", fused=fused, heads=heads, matmul=matmul
+        )
 
         def loss(p):
             out = model.apply(p, _obs(4), V_MIN, DZ)
