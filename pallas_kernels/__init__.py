@@ -4,6 +4,8 @@ P1 `c51_project`: C51 categorical projection (Triton "pull" kernel, no atomics).
 P2 `kan_gate`: KAN cubic B-spline gate, forward and backward kernels under a custom_vjp.
 M6 `dueling_heads`: several branches' dueling C51 heads, forward and backward kernels under a
 custom_vjp (jaxdqn's `kernels.heads=pallas`).
+M7 `c51_statistics_pallas`: softmax, E[Z], Var[Z] and quantiles of C51 logits in one pass,
+forward only (jaxdqn's `kernels.statistics=pallas` differentiates through its jnp reference).
 All take backend in {"auto", "pallas", "interpret", "reference"}.
 """
 

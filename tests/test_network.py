@@ -428,6 +428,35 @@ def test_m7_network_statistics_use_the_given_support(model_params):
     assert np.all(np.diff(np.asarray(out.quantiles), axis=-1) >= 0)
 
 
+def test_m7_statistics_kernel_in_the_model_equals_the_reference(model_params):
+    """kernels.statistics=interpret: the model's E[Q], Var[Q] and quantiles from the Pallas
+    kernel equal the jnp reference's, and so do the gradients of a loss through all three."""
+    _, params = model_params
+    ref = N.make_model(CFG, OBS_DIM, kan_backend="reference")
+    ker = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics="interpret")
+    params = _perturb(params, jax.random.PRNGKey(21))
+    obs, v_min, dz = _obs(B), jnp.linspace(-2.0, -0.5, B), jnp.linspace(0.05, 0.3, B)
+    out_r, out_k = ref.apply(params, obs, v_min, dz), ker.apply(params, obs, v_min, dz)
+    program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz).q_mean)(params))
+    assert "pallas_call" in program(ker) and "pallas_call" not in program(ref)
+    for name in ("q_mean", "q_var", "quantiles", "probs", "logits"):
+        np.testing.assert_allclose(getattr(out_k, name), getattr(out_r, name), rtol=1e-5, atol=1e-6)
+
+    def loss(model):
+        def f(p):
+            out = model.apply(p, obs, v_min, dz)
+            return jnp.sum(out.q_mean**2) + jnp.sum(out.q_var) + jnp.sum(out.quantiles[..., 2])
+
+        return f
+
+    g_r, g_k = jax.grad(loss(ref))(params), jax.grad(loss(ker))(params)
+    for a, b in zip(jax.tree.leaves(g_k), jax.tree.leaves(g_r), strict=True):
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)
+    with pytest.raises(ValueError, match=r"kernels\.statistics"):
+        N.make_model(CFG, OBS_DIM, statistics="auto")
+
+
 # --------------------------------------------------------------------------------------------
 # M12 selectivity
 # --------------------------------------------------------------------------------------------
@@ -587,6 +616,14 @@ def _fused_equals_per_branch(cfg, heads: str) -> None:
     out_f, out_r = fused.apply(params, obs, v_min, dz), ref.apply(params, obs, v_min, dz)
     np.testing.assert_allclose(out_f.logits, out_r.logits, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out_f.q_mean, out_r.q_mean, rtol=1e-5, atol=1e-5)
+    # The setting is the one that ran: the kernels are in the program; split has one product
+    # of one head's width [B, 4N] per branch, blockdiag only magnitude's (M5) or none.
+    text = str(jax.make_jaxpr(lambda p: fused.apply(p, obs, v_min, dz).logits)(params))
+    assert ("pallas_call" in text) == (heads == "interpret")
+    widths = re.findall(r"f32\[\d+,(\d+)\] = dot_general", text)
+    one_head = widths.count(str((1 + 3) * cfg.num_atoms))
+    if heads != "interpret":
+        assert one_head == (4 if heads == "split" else int(cfg.dir_conditioning)), widths
     w = jax.random.normal(jax.random.PRNGKey(6), out_r.logits.shape)
 
     def loss(model):

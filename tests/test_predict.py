@@ -249,3 +249,20 @@ def test_e3_readme_loader_runs_with_jax_and_numpy_alone(exported):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("(1, 4) (1,)")
+
+
+def test_e3_export_builds_every_kernel_in_its_jnp_form():
+    """An artifact for the CPU and CUDA holds no Triton kernel: the KAN gate's reference, the
+    Pallas heads as one product per branch (the same function), M7's jnp statistics; the other
+    settings as they were."""
+    import dataclasses
+
+    from jaxdqn.config import KernelsConfig
+    from jaxdqn.program.trained.export import jnp_kernels
+
+    for heads, want in (("pallas", "split"), ("interpret", "split"), ("split", "split"),
+                        ("blockdiag", "blockdiag"), ("auto", "auto")):  # fmt: skip
+        k = KernelsConfig(kan="pallas", heads=heads, statistics="pallas", matmul="bf16")
+        out = jnp_kernels(k)
+        assert (out.kan, out.heads, out.statistics) == ("reference", want, "reference")
+        assert dataclasses.replace(out, kan=k.kan, heads=k.heads, statistics=k.statistics) == k

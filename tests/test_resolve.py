@@ -69,14 +69,15 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
 
 
 def test_m6_kernels_heads_resolves_auto_to_blockdiag_and_needs_the_fused_branches():
-    assert head_kernels("auto", fused=True) == head_kernels("auto", fused=False) == "blockdiag"
-    for setting in ("blockdiag", "split", "pallas", "interpret"):
-        assert head_kernels(setting, fused=True) == setting
-    assert head_kernels("blockdiag", fused=False) == "blockdiag"
+    for fused in ("auto", "fused", "reference"):
+        assert head_kernels("auto", fused) == head_kernels("blockdiag", fused) == "blockdiag"
     for setting in ("split", "pallas", "interpret"):
+        assert head_kernels(setting, "fused") == setting
+        # kernels.fused=auto on the CPU: the per-branch modules, nothing to pick
+        assert head_kernels(setting, "auto") == "blockdiag"
         with pytest.raises(ConfigError, match=f"kernels.heads={setting} needs the fused"):
-            head_kernels(setting, fused=False)
+            head_kernels(setting, "reference")
     cfg = Config()
     kernels = dataclasses.replace(cfg.kernels, heads="split", fused="fused")
     r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
-    assert (r.fused, r.heads) == (True, "split")
+    assert (r.fused, r.heads, r.statistics) == (True, "split", "reference")

@@ -119,6 +119,7 @@ def build_agent(
         kan_backend=cfg.kernels.kan,
         fused=r.fused,
         heads=r.heads,
+        statistics=r.statistics,
         shards=shards,
         matmul=cfg.kernels.matmul,
     )

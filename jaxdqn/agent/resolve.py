@@ -10,7 +10,8 @@ Every rule that turns a setting into what the agent runs lives here, one functio
   ``loss.spread_max_gap``) as a Q value;
 * :func:`replay_weighting`: ``replay.prioritised`` off = α 0 and unit IS weights;
 * :func:`fused_kernels`: ``kernels.fused`` on this backend;
-* :func:`head_kernels`: ``kernels.heads`` (needs the fused branches unless blockdiag);
+* :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
+* :func:`statistics_kernels`: ``kernels.statistics``;
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -61,6 +62,7 @@ class Resolved(NamedTuple):
       replay_alpha, importance_weights: :func:`replay_weighting`.
       fused: :func:`fused_kernels`.
       heads: :func:`head_kernels`.
+      statistics: :func:`statistics_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -75,6 +77,7 @@ class Resolved(NamedTuple):
     importance_weights: bool
     fused: bool
     heads: str
+    statistics: str
     projection: Projection
 
 
@@ -158,22 +161,31 @@ def fused_kernels(setting: str) -> bool:
     return setting == "fused"
 
 
-def head_kernels(setting: str, fused: bool) -> str:
-    """``kernels.heads`` resolved: ``auto`` = ``blockdiag`` (the measured default; the others
-    are switches to measure against it, bench/RESULTS.md).
+def head_kernels(setting: str, fused_setting: str) -> str:
+    """``kernels.heads`` resolved against ``kernels.fused`` (its setting, not its resolution):
+    ``auto`` = ``blockdiag`` (the measured default; the others are switches to measure against
+    it, bench/RESULTS.md). Where ``kernels.fused=auto`` resolves to the per-branch modules (the
+    CPU), each head is its own product already and every setting resolves to ``blockdiag``
+    (the setting has nothing to pick; so a run trained on a GPU with another setting is
+    evaluated, predicted and exported on the CPU as it stands).
 
     Raises:
-      ConfigError: ``split``, ``pallas`` or ``interpret`` without the fused branches (the
-        per-branch modules compute each head alone already, so the setting would do nothing).
+      ConfigError: ``split``, ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
     """
-    if setting == "auto":
+    if setting == "auto" or not fused_kernels(fused_setting):
+        if setting not in ("auto", "blockdiag") and fused_setting == "reference":
+            raise ConfigError(
+                f"kernels.heads={setting} needs the fused branches; kernels.fused=reference "
+                "computes one module per branch"
+            )
         return "blockdiag"
-    if setting != "blockdiag" and not fused:
-        raise ConfigError(
-            f"kernels.heads={setting} needs the fused branches, but kernels.fused resolves to "
-            f"reference here ({jax.default_backend()}); set kernels.fused=fused"
-        )
     return setting
+
+
+def statistics_kernels(setting: str) -> str:
+    """``kernels.statistics`` resolved: ``auto`` = ``reference`` (the measured default; the
+    Pallas kernel is a switch to measure against it)."""
+    return "reference" if setting == "auto" else setting
 
 
 def projection_backend(setting: str, deterministic: bool) -> str:
@@ -223,6 +235,7 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         replay_alpha=alpha,
         importance_weights=weighted,
         fused=fused,
-        heads=head_kernels(cfg.kernels.heads, fused),
+        heads=head_kernels(cfg.kernels.heads, cfg.kernels.fused),
+        statistics=statistics_kernels(cfg.kernels.statistics),
         projection=Projection(backend, projection_fallback(backend)),
     )

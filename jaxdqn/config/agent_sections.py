@@ -224,9 +224,18 @@ class KernelsConfig:
         "branch, pallas = the Triton kernels of pallas_kernels/heads.py (each branch's product "
         "alone with the dueling combination fused in, forward and backward; the jnp split "
         "where they cannot be built), interpret = those kernels under the Pallas interpreter "
-        "(CPU tests). All equal to float rounding. auto = blockdiag. Anything but auto or "
-        "blockdiag needs the fused branches (kernels.fused=fused, or auto on an accelerator)",
+        "(CPU tests). All equal to float rounding. auto = blockdiag. Without the fused "
+        "branches (kernels.fused=auto on the CPU) every setting resolves to blockdiag; with "
+        "kernels.fused=reference anything but auto or blockdiag is an error",
         choices=("auto", "blockdiag", "split", "pallas", "interpret"),
+    )
+    statistics: str = _f(
+        "auto",
+        "M7 (softmax, E[Z], Var[Z], quantiles of every distribution): reference = jnp, pallas "
+        "= one Triton kernel that reads the logits once (forward only, differentiated through "
+        "the jnp reference; jnp where it cannot be built), interpret = that kernel under the "
+        "Pallas interpreter (CPU tests). Equal to float rounding. auto = reference",
+        choices=("auto", "reference", "pallas", "interpret"),
     )
     matmul: str = _f(
         "f32",

@@ -9,12 +9,25 @@ caller).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 
-__all__ = ["QUANTILE_LEVELS", "atoms", "expectation", "quantiles", "statistics", "variance"]
+from pallas_kernels.statistics import c51_statistics_pallas, statistics_kernel_available
+
+__all__ = [
+    "QUANTILE_LEVELS",
+    "STATISTICS",
+    "atoms",
+    "expectation",
+    "quantiles",
+    "statistics",
+    "statistics_of_logits",
+    "variance",
+]
 
 #: The quantile levels reported by the network (Q10, Q50, Q90; used by A2's IQN-style blend).
 QUANTILE_LEVELS: tuple[float, float, float] = (0.1, 0.5, 0.9)
@@ -106,3 +119,60 @@ def statistics(
         variance(probs, v_min, delta_z),
         quantiles(probs, v_min, delta_z),
     )
+
+
+STATISTICS = ("reference", "pallas", "interpret")
+"""Implementations of :func:`statistics_of_logits` (``kernels.statistics`` resolved)."""
+
+
+def _reference_of_logits(logits: Array, v_min: Array, delta_z: Array):
+    return statistics(jax.nn.softmax(logits, axis=-1), v_min, delta_z)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _kernel_statistics(logits: Array, v_min: Array, delta_z: Array, interpret: bool):
+    lead, n = logits.shape[:-1], logits.shape[-1]
+    flat = lambda x: jnp.broadcast_to(x, lead).reshape(-1).astype(jnp.float32)
+    mean, var, quant = c51_statistics_pallas(
+        logits.reshape(-1, n).astype(jnp.float32),
+        flat(v_min),
+        flat(delta_z),
+        levels=QUANTILE_LEVELS,
+        interpret=interpret,
+    )
+    return mean.reshape(lead), var.reshape(lead), quant.reshape(*lead, len(QUANTILE_LEVELS))
+
+
+def _kernel_statistics_fwd(logits, v_min, delta_z, interpret):
+    return _kernel_statistics(logits, v_min, delta_z, interpret), (logits, v_min, delta_z)
+
+
+def _kernel_statistics_bwd(interpret, res, g):
+    # The kernel is forward only: gradients are the jnp reference's, recomputed here.
+    return jax.vjp(_reference_of_logits, *res)[1](g)
+
+
+_kernel_statistics.defvjp(_kernel_statistics_fwd, _kernel_statistics_bwd)
+
+
+def statistics_of_logits(
+    logits: Array, v_min: Array | float, delta_z: Array | float, backend: str = "reference"
+) -> tuple[Array, Array, Array, Array]:
+    """``(probs, E[Z], Var[Z], quantiles)`` of logits ``[..., N]``: ``probs = softmax(logits)``
+    and :func:`statistics` of it. ``backend`` (``kernels.statistics`` resolved, one of
+    :data:`STATISTICS`): ``reference`` computes them with jnp; ``pallas`` reads the logits once
+    in the Triton kernel of :mod:`pallas_kernels.statistics` (the jnp reference where it cannot
+    be built), ``interpret`` runs that kernel under the Pallas interpreter (CPU tests). The
+    kernel's results equal the reference to float rounding and are differentiated through
+    the reference (a custom VJP); ``probs`` is always the jnp softmax (unused, XLA drops it).
+    """
+    if backend not in STATISTICS:
+        raise ValueError(f"kernels.statistics: {backend!r} is not one of {STATISTICS}")
+    probs = jax.nn.softmax(logits, axis=-1)
+    kernel = backend == "interpret" or (
+        backend == "pallas" and statistics_kernel_available(logits.shape[-1], QUANTILE_LEVELS)
+    )
+    if not kernel:
+        return (probs, *statistics(probs, v_min, delta_z))
+    v_min, delta_z = jnp.asarray(v_min, logits.dtype), jnp.asarray(delta_z, logits.dtype)
+    return (probs, *_kernel_statistics(logits, v_min, delta_z, backend == "interpret"))

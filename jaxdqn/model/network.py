@@ -378,6 +378,7 @@ def make_model(
     kan_backend: str = "auto",
     fused: bool = True,
     heads: str = "blockdiag",
+    statistics: str = "reference",
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
 ) -> Model:
@@ -385,12 +386,18 @@ def make_model(
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
     the four branches together (``kernels.fused``; off: one module per branch), ``heads`` how
     it computes their heads (``kernels.heads`` resolved: blockdiag | split | pallas |
-    interpret); ``shards``:
+    interpret), ``statistics`` how M7 is computed (``kernels.statistics`` resolved:
+    reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`);
+    ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
     matmul_precision(matmul)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
+    if statistics not in distribution.STATISTICS:
+        raise ValueError(
+            f"kernels.statistics: {statistics!r} is not one of {distribution.STATISTICS}"
+        )
     net = Network(cfg, obs_dim, kan_backend, fused, heads)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
@@ -422,9 +429,10 @@ def make_model(
         v_min = jnp.broadcast_to(jnp.asarray(v_min, obs.dtype), (b,))
         delta_z = jnp.broadcast_to(jnp.asarray(delta_z, obs.dtype), (b,))
         logits, h, h_m = net.apply({"params": params["main"]}, obs, v_min, delta_z)
-        probs = jax.nn.softmax(logits, axis=-1)
         vm, dz = v_min[:, None, None], delta_z[:, None, None]
-        q_mean, q_var, q_quant = distribution.statistics(probs, vm, dz)
+        probs, q_mean, q_var, q_quant = distribution.statistics_of_logits(
+            logits, vm, dz, statistics
+        )
         if cfg.selectivity:
             selectivity = sel.apply({"params": params["aux"]["selectivity"]}, h)
         else:

@@ -24,6 +24,7 @@ writes).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from jaxdqn.branches import ACTION_NAMES, BRANCHES
-from jaxdqn.config import ConfigError
+from jaxdqn.config import ConfigError, KernelsConfig
 from jaxdqn.config.members import population_size
 
 __all__ = ["FILES", "export_run", "load_exported"]
@@ -66,6 +67,14 @@ def _policy(agent: Any, env_params: Any, treedef: Any):
     return policy
 
 
+def jnp_kernels(kernels: KernelsConfig) -> KernelsConfig:
+    """``kernels`` with every Pallas kernel in its jnp form, the same functions to float
+    rounding: an artifact for the CPU and CUDA holds no Triton kernel (the KAN gate's
+    reference, the heads one product per branch, M7's jnp statistics)."""
+    heads = "split" if kernels.heads in ("pallas", "interpret") else kernels.heads
+    return dataclasses.replace(kernels, kan="reference", heads=heads, statistics="reference")
+
+
 def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[str, Any]:
     """Write :data:`FILES` for checkpoint ``which`` of ``run_dir`` into ``out_dir`` (created;
     refused if it already holds any of them). Returns the manifest.
@@ -75,8 +84,6 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
         policy, or ``out_dir`` holding an earlier export.
       DataError, CheckpointError: as :func:`jaxdqn.program.trained.predict.load_run`.
     """
-    import dataclasses
-
     import jax
     from jax import export
 
@@ -97,8 +104,7 @@ def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[
         raise ConfigError(
             f"eval.policy is {cfg.eval.policy} in {run_dir}: export writes the greedy policy only"
         )
-    # The KAN gate in its jnp form: an artifact for the CPU and CUDA holds no Triton kernel.
-    cfg_ref = dataclasses.replace(cfg, kernels=dataclasses.replace(cfg.kernels, kan="reference"))
+    cfg_ref = dataclasses.replace(cfg, kernels=jnp_kernels(cfg.kernels))
     agent = build_agent(cfg_ref, run.prepared)
     seeds = range(population_size(cfg))  # every agent: members × seeds
     per_seed = [jax.tree.leaves(seed_policy_params(run.agent, run.state, s)) for s in seeds]
