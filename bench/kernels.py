@@ -1,4 +1,5 @@
-"""Benchmark of the Pallas kernels (P1 C51 projection, P2 KAN gate) against their alternatives.
+"""Benchmark of the Pallas kernels (P1 C51 projection, P2 KAN gate, M7 statistics) against their
+alternatives.
 
     PYTHONPATH=. python bench/kernels.py            # on the GPU; prints a markdown table last
     PYTHONPATH=. python bench/kernels.py --smoke    # tiny shapes, interpret mode, any machine
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from pallas_kernels import (
     KanBlocks,
@@ -356,6 +359,33 @@ def main(argv=None):
                 err=max(errs),
             )
             del sets, fwd_sets
+
+    if not args.only_p1:
+        # -- M7: softmax + E + Var + quantiles of [rows, 4, 3, N] logits; rows = the learner's B
+        # and acting's E (kernels.statistics)
+        from jaxdqn.model import distribution
+
+        m7_sizes = [8] if smoke else [4096, 65536]
+        m7_backend = "interpret" if smoke else "pallas"
+        for rows in m7_sizes:
+            nbytes = rows * 12 * (N_ATOMS + 5) * 4  # logits read once, 5 statistics written
+            k_sets = n_sets(nbytes)
+            sets = [
+                (
+                    3.0 * jax.random.normal(k, (rows, 4, 3, N_ATOMS)),
+                    jnp.full((rows, 1, 1), -1.0),
+                    jnp.full((rows, 1, 1), 0.1),
+                )
+                for k in jax.random.split(jax.random.fold_in(key, 7 * rows), 2 * k_sets)
+            ]
+            ref = lambda x, vm, dz: distribution.statistics_of_logits(x, vm, dz, "reference")[1:]
+            ker = lambda x, vm, dz: distribution.statistics_of_logits(x, vm, dz, m7_backend)[1:]
+            ref_sec = time_op(ref, sets, reps)
+            record("M7", "jnp softmax + statistics (XLA)", f"B={rows}×12", ref_sec, nbytes)
+            errs = [rel(a, b) for a, b in zip(ker(*sets[0]), ref(*sets[0]), strict=True)]
+            sec = time_op(ker, sets, reps)
+            record("M7", "Pallas statistics", f"B={rows}×12", sec, nbytes, ref_sec, max(errs))
+            del sets
 
     if fallbacks():
         print(f"WARNING: kernels fell back to the reference: {fallbacks()}", flush=True)
