@@ -3,6 +3,7 @@ alternatives.
 
     PYTHONPATH=. python bench/kernels.py            # on the GPU; prints a markdown table last
     PYTHONPATH=. python bench/kernels.py --smoke    # tiny shapes, interpret mode, any machine
+    PYTHONPATH=. python bench/kernels.py --only-m7  # the copy bandwidth and the M7 rows
 
 Method. Each timed op runs on `n` distinct input sets chained by optimization barriers inside one
 jitted program (so XLA can neither merge nor reorder them, and small inputs do not sit in L2),
@@ -156,6 +157,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--sweep-p2", action="store_true", help="also sweep KAN tilings")
     ap.add_argument("--only-p1", action="store_true", help="copy bandwidth and P1 rows only")
+    ap.add_argument("--only-m7", action="store_true", help="copy bandwidth and M7 rows only")
     args = ap.parse_args(argv)
     smoke = args.smoke
     backend = "interpret" if smoke else "pallas"
@@ -206,7 +208,7 @@ def main(argv=None):
 
     # -- P1
     # 16,384 rows = the learner's B·4 at B = 4,096
-    p1_sizes = [40] if smoke else [4096, 16384, 65536, 262144]
+    p1_sizes = [] if args.only_m7 else [40] if smoke else [4096, 16384, 65536, 262144]
     p1_configs = [(16, 4)] if smoke else [(32, 4), (16, 2), (64, 4)]
     best_p1 = p1_configs[0]
     for rows in p1_sizes:
@@ -275,7 +277,7 @@ def main(argv=None):
         del sets
 
     best = None
-    if not args.only_p1:
+    if not (args.only_p1 or args.only_m7):
         # -- P2
         feats = 40 if smoke else 1024
         p2_sizes = [37] if smoke else [4096, 65536]
