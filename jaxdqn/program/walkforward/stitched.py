@@ -130,21 +130,32 @@ def _read_fold(entry: Mapping[str, Any], fdir: Path):
     return summary, log, base
 
 
-def stitch(
-    cfg: Config,
-    plan: Mapping[str, Any],
-    fold_dirs: Sequence[Path],
-    *,
-    session_start: float | None = None,
-) -> Stitched:
-    """Stitch the finished folds ``fold_dirs`` of the plan record ``plan``
-    (:func:`jaxdqn.program.walkforward.driver.plan_record`) into the results (module docstring).
+def _fold_row(entry: Mapping[str, Any], fdir: Path, summary, base, growth) -> dict[str, Any]:
+    """Fold ``entry``'s line of ``walkforward.json`` (``folds``)."""
+    baselines = summary.get("baselines") or {}
+    return {
+        "fold": entry["fold"],
+        "dir": fdir.name,
+        "bars": entry["bars"],
+        "dates": entry["dates"],
+        **({"instruments": entry["instruments"]} if "instruments" in entry else {}),
+        "best_epoch": summary.get("best_epoch"),
+        "epochs": summary.get("epochs"),
+        "val_sharpe": (summary.get("val") or {}).get("sharpe"),
+        "test_sharpe": (summary.get("test") or {}).get("sharpe"),
+        "val_sharpe_seeds": _seed_values(summary, "val"),
+        "test_sharpe_seeds": _seed_values(summary, "test"),
+        "test_growth_seeds": growth.tolist(),
+        "baselines_test_sharpe": {
+            n: ((baselines.get(n) or {}).get("test") or {}).get("sharpe") for n in base.columns
+        },
+        "wall_time_s": summary.get("wall_time_s"),
+    }
 
-    Raises:
-      FileNotFoundError: a fold has not finished.
-      ValueError: a fold's walks are not its planned test segment.
-    """
-    ppy = float(plan["bar_clock"]["bars_per_year"])
+
+def _stitch_agent(plan: Mapping[str, Any], fold_dirs: Sequence[Path]):
+    """Every seed's test segments one after the other, ``W_t = (∏_{j<k} G_j) · W^k_t``:
+    ``(frame, fold rows, baseline equity per fold, baseline names, final growth per seed)``."""
     rows, parts, base_parts = [], [], []
     growth_before: np.ndarray | None = None
     names: list[str] | None = None
@@ -164,43 +175,70 @@ def stitch(
         parts.append(pd.DataFrame(frame))
         base_parts.append(base)
         growth_before = before * growth
-        baselines = summary.get("baselines") or {}
-        rows.append(
-            {
-                "fold": entry["fold"],
-                "dir": fdir.name,
-                "bars": entry["bars"],
-                "dates": entry["dates"],
-                **({"instruments": entry["instruments"]} if "instruments" in entry else {}),
-                "best_epoch": summary.get("best_epoch"),
-                "epochs": summary.get("epochs"),
-                "val_sharpe": (summary.get("val") or {}).get("sharpe"),
-                "test_sharpe": (summary.get("test") or {}).get("sharpe"),
-                "val_sharpe_seeds": _seed_values(summary, "val"),
-                "test_sharpe_seeds": _seed_values(summary, "test"),
-                "test_growth_seeds": growth.tolist(),
-                "baselines_test_sharpe": {
-                    n: ((baselines.get(n) or {}).get("test") or {}).get("sharpe")
-                    for n in base.columns
-                },
-                "wall_time_s": summary.get("wall_time_s"),
-            }
-        )
+        rows.append(_fold_row(entry, fdir, summary, base, growth))
     assert names is not None and growth_before is not None  # at least one fold
-    frame = pd.concat(parts, ignore_index=True)
-    seeds = range(len(growth_before))
-    # each baseline through each fold: equity within the fold → returns → stitched equity
-    base_before = dict.fromkeys(names, 1.0)
+    return pd.concat(parts, ignore_index=True), rows, base_parts, names, growth_before
+
+
+def _stitch_baselines(frame: pd.DataFrame, names: Sequence[str], base_parts) -> None:
+    """Each baseline through each fold into ``frame``: equity within the fold → returns →
+    stitched equity (``<name>_return``, ``<name>_equity``)."""
     for name in names:
-        rets, eqs = [], []
+        rets, eqs, before = [], [], 1.0
         for base in base_parts:
             eq = base[name].to_numpy(dtype=np.float64)
             rets.append(walkforward_panel.returns_from_equity(eq))
-            eqs.append(base_before[name] * eq)
-            base_before[name] *= eq[-1]
+            eqs.append(before * eq)
+            before *= eq[-1]
         frame[f"{name}_return"] = np.concatenate(rets)
         frame[f"{name}_equity"] = np.concatenate(eqs)
 
+
+def _panel_sections(cfg: Config, plan, fold_dirs, result: dict[str, Any]) -> pd.DataFrame:
+    """A panel's ``instruments`` and ``panel`` sections added to ``result``; returns
+    ``stitched_instruments_test.csv``."""
+    walks = [
+        walkforward_panel.read_fold_walks(entry["fold"], fdir)
+        for entry, fdir in zip(plan["folds"], fold_dirs, strict=True)
+    ]
+    ppy = float(plan["bar_clock"]["bars_per_year"])
+    per_instrument, cross, instruments_frame = walkforward_panel.stitch_instruments(
+        walks, ppy, reps=cfg.eval.bootstrap_reps, seed=cfg.eval.key
+    )
+    stitched = result["stitched"]
+    result["instruments"] = per_instrument
+    result["panel"] = {
+        "instruments": list(per_instrument),
+        "select_on": cfg.eval.select_on,
+        "cross_section": {"test": cross},
+        "portfolio": {
+            "test": {
+                "agent": stitched["mean"],
+                "baselines": {n: m for n, m in stitched["baselines"].items() if n != "flat"},
+            }
+        },
+    }
+    return instruments_frame
+
+
+def stitch(
+    cfg: Config,
+    plan: Mapping[str, Any],
+    fold_dirs: Sequence[Path],
+    *,
+    session_start: float | None = None,
+) -> Stitched:
+    """Stitch the finished folds ``fold_dirs`` of the plan record ``plan``
+    (:func:`jaxdqn.program.walkforward.driver.plan_record`) into the results (module docstring).
+
+    Raises:
+      FileNotFoundError: a fold has not finished.
+      ValueError: a fold's walks are not its planned test segment.
+    """
+    ppy = float(plan["bar_clock"]["bars_per_year"])
+    frame, rows, base_parts, names, growth = _stitch_agent(plan, fold_dirs)
+    _stitch_baselines(frame, names, base_parts)
+    seeds = range(len(growth))
     seed_metrics = [
         {
             "seed": s,
@@ -227,7 +265,7 @@ def stitch(
         "num_bars": plan["num_bars"],
         "first_decision": plan["first_decision"],
         "bar_clock": dict(plan["bar_clock"]),
-        "num_seeds": len(growth_before),
+        "num_seeds": len(growth),
         "folds": rows,
         "stitched": {
             "bars": len(frame),
@@ -242,27 +280,7 @@ def stitch(
     }
     instruments_frame = None
     if all("instruments" in entry for entry in plan["folds"]):
-        walks = [
-            walkforward_panel.read_fold_walks(entry["fold"], fdir)
-            for entry, fdir in zip(plan["folds"], fold_dirs, strict=True)
-        ]
-        per_instrument, cross, instruments_frame = walkforward_panel.stitch_instruments(
-            walks, ppy, reps=cfg.eval.bootstrap_reps, seed=cfg.eval.key
-        )
-        result["instruments"] = per_instrument
-        result["panel"] = {
-            "instruments": list(per_instrument),
-            "select_on": cfg.eval.select_on,
-            "cross_section": {"test": cross},
-            "portfolio": {
-                "test": {
-                    "agent": result["stitched"]["mean"],
-                    "baselines": {
-                        n: m for n, m in result["stitched"]["baselines"].items() if n != "flat"
-                    },
-                }
-            },
-        }
+        instruments_frame = _panel_sections(cfg, plan, fold_dirs, result)
     keep = ["date", "fold"]
     for s in seeds:
         keep += [f"seed_{s}_return", f"seed_{s}_equity"]
