@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -84,6 +84,75 @@ def best_checkpoints(
     return {p: by_member[m] for p, m in member_of.items()}
 
 
+class _Walks(NamedTuple):
+    """Every agent's walks of the best checkpoint: ``per_seed`` (each agent's metrics by split,
+    its best epoch and step in a population), ``logs`` and ``walks`` by split (one per agent),
+    ``stress``: each agent's test walk at every cost multiple (empty without a test walk)."""
+
+    per_seed: list[dict[str, Any]]
+    logs: dict[str, list[pd.DataFrame]]
+    walks: dict[str, list[Any]]
+    stress: list[list[Any]]
+
+
+def _walk_agents(cfg: Config, prepared, agent: Agent, chosen_by_agent, splits) -> _Walks:
+    """Walk every agent's chosen checkpoint on ``splits``; the test walk also at the other cost
+    multiples of ``eval.cost_multiples``."""
+    ranked = ranked_members(cfg) > 0  # a population: each agent at its member's best epoch
+    out = _Walks([], {split: [] for split in splits}, {split: [] for split in splits}, [])
+    multiples = cfg.eval.cost_multiples
+    stressed = [k for k in multiples if k != 1.0]
+    for s in range(population_size(cfg)):  # every agent: members × seeds
+        best, host, step = chosen_by_agent[s]
+        seed_metrics = {}
+        for split in splits:
+            res = walk_seed(agent, prepared, cfg.eval, best, split, s)
+            out.logs[split].append(res.log)
+            out.walks[split].append(res)
+            seed_metrics[split] = res.metrics
+            if split == "test":
+                extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
+                out.stress.append([res if k == 1.0 else next(extra) for k in multiples])
+        out.per_seed.append({"seed": s, **seed_metrics})
+        if ranked:
+            out.per_seed[-1] |= {"best_epoch": RunState.from_json(host).epoch, "best_step": step}
+    return out
+
+
+def _baselines(cfg: Config, prepared, walked: _Walks, splits, run_dir: Path):
+    """The baselines on ``splits`` (every instrument's on a panel, with the equal-weight
+    portfolios and the panel sections), their CSVs written: ``(summary entries, the logs the
+    statistics compare: the agents' and the baselines', the panel sections)``."""
+    base_logs: dict[tuple[str, str], pd.DataFrame] = {}
+    stat_logs, panel = walked.logs, {}
+    if prepared.is_panel:
+        base = panel_baselines.run_panel_baselines(cfg, prepared, splits=splits)
+        table = base.table
+        stat_logs, base_logs = panel_results.portfolio_logs(walked.walks, base)
+        for split, frames in stat_logs.items():
+            results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
+        panel_results.write_instrument_baselines(run_dir, base, splits)
+        logs = (stat_logs, base_logs)
+        panel = panel_results.panel_entries(cfg, prepared, walked.walks, base, logs)
+    else:
+        table = baselines.run_baselines(cfg, prepared, splits=splits, logs=base_logs)
+    base_summary = {
+        name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in splits}
+        for name in table.index
+    }
+    if baselines.oracle_execution(table) is not None:
+        base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
+    # the equity plot draws the baselines, not each of the oracle's executions
+    drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
+    for split in splits:
+        results.write_baseline_equity(
+            run_dir / f"baselines_{split}.csv",
+            stat_logs[split][0]["date"],
+            {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
+        )
+    return base_summary, stat_logs, base_logs, panel
+
+
 def finish(
     cfg: Config,
     prepared: Prepared | PanelPrepared,
@@ -105,58 +174,12 @@ def finish(
     chosen_by_agent = best_checkpoints(cfg, ckpt, template, placed)
     if placed is not None and not placed.primary:  # under jax.distributed process 0 writes
         return None
-    num_seeds = population_size(cfg)  # every agent: members × seeds
-    ranked = ranked_members(cfg) > 0  # a population: each agent at its member's best epoch
     splits = SPLITS if cfg.eval.walk_test else ("val",)
-    logs: dict[str, list[pd.DataFrame]] = {split: [] for split in splits}
-    walks: dict[str, list[Any]] = {split: [] for split in splits}
-    per_seed = []
-    multiples = cfg.eval.cost_multiples
-    stressed = [k for k in multiples if k != 1.0]
-    stress_walks = []
-    for s in range(num_seeds):
-        best, host, step = chosen_by_agent[s]
-        seed_metrics = {}
-        for split in splits:
-            res = walk_seed(agent, prepared, cfg.eval, best, split, s)
-            logs[split].append(res.log)
-            walks[split].append(res)
-            seed_metrics[split] = res.metrics
-            if split == "test":
-                extra = iter(stress_seed(agent, prepared, cfg.eval, best, split, s, stressed))
-                stress_walks.append([res if k == 1.0 else next(extra) for k in multiples])
-        per_seed.append({"seed": s, **seed_metrics})
-        if ranked:
-            per_seed[-1] |= {"best_epoch": RunState.from_json(host).epoch, "best_step": step}
-    for split, frames in logs.items():
+    walked = _walk_agents(cfg, prepared, agent, chosen_by_agent, splits)
+    per_seed = walked.per_seed
+    for split, frames in walked.logs.items():
         results.write_eval_log(run_dir / f"eval_{split}.csv", frames)
-
-    base_logs: dict[tuple[str, str], pd.DataFrame] = {}
-    stat_logs, panel = logs, {}
-    if prepared.is_panel:
-        base = panel_baselines.run_panel_baselines(cfg, prepared, splits=splits)
-        table = base.table
-        stat_logs, base_logs = panel_results.portfolio_logs(walks, base)
-        for split, frames in stat_logs.items():
-            results.write_eval_log(run_dir / f"portfolio_{split}.csv", frames)
-        panel_results.write_instrument_baselines(run_dir, base, splits)
-        panel = panel_results.panel_entries(cfg, prepared, walks, base, (stat_logs, base_logs))
-    else:
-        table = baselines.run_baselines(cfg, prepared, splits=splits, logs=base_logs)
-    base_summary = {
-        name: {split: {k: float(v) for k, v in table.loc[name, split].items()} for split in splits}
-        for name in table.index
-    }
-    if baselines.oracle_execution(table) is not None:
-        base_summary["oracle"]["execution"] = baselines.oracle_execution(table)
-    # the equity plot draws the baselines, not each of the oracle's executions
-    drawn = [name for name in table.index if name not in baselines.ORACLE_EXECUTIONS]
-    for split in splits:
-        results.write_baseline_equity(
-            run_dir / f"baselines_{split}.csv",
-            stat_logs[split][0]["date"],
-            {name: base_logs[(name, split)]["equity"].to_numpy() for name in drawn},
-        )
+    base_summary, stat_logs, base_logs, panel = _baselines(cfg, prepared, walked, splits, run_dir)
 
     population = population_results.member_entries(cfg, per_seed)
     # a population's statistics and best epoch are its winner's agents' (every agent is a DSR
@@ -175,10 +198,10 @@ def finish(
         )
         for split in splits
     }
-
     stress = None  # the test walk at multiples of the costs (none without a test walk)
-    if stress_walks:
-        stress = run_statistics.cost_stress_table(prepared.env_params, multiples, stress_walks)
+    if walked.stress:
+        multiples = cfg.eval.cost_multiples
+        stress = run_statistics.cost_stress_table(prepared.env_params, multiples, walked.stress)
     mean = lambda split: {
         k: float(np.nanmean([m[split][k] for m in per_seed])) for k in per_seed[0][split]
     }
@@ -202,7 +225,7 @@ def finish(
         "fault_events": run.fault_events,
         "provenance": provenance(cfg, run_dir),
     }
-    if num_seeds > 1:
+    if len(per_seed) > 1:
         summary["seeds"] = per_seed
     if population is not None:  # the run's results are its winner's (selected on val)
         summary["members"], summary["winner"] = population
