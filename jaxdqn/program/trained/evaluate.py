@@ -190,30 +190,10 @@ def _earlier(
     return payload if same else None
 
 
-def evaluate_walkforward(
-    wf_dir: Path,
-    which: str | int,
-    overrides: Sequence[str],
-    out: Path,
-    echo: Callable[[str], Any] = print,
-) -> dict[str, Any]:
-    """Evaluate every fold of the panel walk-forward ``wf_dir`` on its test segment with
-    ``overrides`` into ``out/fold_<k>`` and write the stitched ``out/metrics_test.json`` and
-    ``out/stitched_instruments_test.csv`` (module docstring); returns the JSON's content.
-
-    Raises:
-      ConfigError: ``wf_dir`` is not a finished panel walk-forward, or a bad override.
-      DataError, CheckpointError: as :func:`evaluate_run`.
-    """
-    wf_dir, out = Path(wf_dir), Path(out)
-    plan = json.loads((wf_dir / "walkforward_plan.json").read_text())
-    if not all("instruments" in f for f in plan["folds"]):
-        raise ConfigError(
-            f"{wf_dir}: a walk-forward of one instrument; evaluate one of its folds "
-            f"({wf_dir}/fold_<k>) instead"
-        )
-    check_overrides(overrides)
-    ppy = float(plan["bar_clock"]["bars_per_year"])
+def _evaluate_folds(wf_dir: Path, plan, which, overrides, out: Path, echo):
+    """Each fold of ``plan`` evaluated on its test segment into ``out/fold_<k>`` (an earlier
+    evaluation with the same checkpoint and overrides reused): ``(fold entries, their walks,
+    the first fold's config with the overrides)``."""
     folds, walks, cfg = [], [], None
     for entry in plan["folds"]:
         k = entry["fold"]
@@ -238,10 +218,12 @@ def evaluate_walkforward(
             }
         )
     assert cfg is not None  # a plan has at least one fold
-    per, cross, frame = walkforward_panel.stitch_instruments(
-        walks, ppy, reps=cfg.eval.bootstrap_reps, seed=cfg.eval.key
-    )
-    frame.to_csv(out / walkforward_panel.INSTRUMENTS_FILE, index=False)
+    return folds, walks, cfg
+
+
+def _portfolio_logs(frame: pd.DataFrame, walks):
+    """The stitched equal-weight portfolios from ``stitched_instruments_test.csv``'s rows: each
+    seed's (the mean over the instruments trading each date) and each baseline's returns."""
     by_date = frame.groupby("date", sort=True)
     seeds = sorted(walks[0].log["seed"].unique())
     dates = pd.Series(list(by_date.groups), name="date")
@@ -259,6 +241,39 @@ def evaluate_walkforward(
         (n, "test"): pd.DataFrame({"date": dates, "return": by_date[f"{n}_return"].mean().values})
         for n in names_b
     }
+    return seed_logs, base_logs
+
+
+def evaluate_walkforward(
+    wf_dir: Path,
+    which: str | int,
+    overrides: Sequence[str],
+    out: Path,
+    echo: Callable[[str], Any] = print,
+) -> dict[str, Any]:
+    """Evaluate every fold of the panel walk-forward ``wf_dir`` on its test segment with
+    ``overrides`` into ``out/fold_<k>`` and write the stitched ``out/metrics_test.json`` and
+    ``out/stitched_instruments_test.csv`` (module docstring); returns the JSON's content.
+
+    Raises:
+      ConfigError: ``wf_dir`` is not a finished panel walk-forward, or a bad override.
+      DataError, CheckpointError: as :func:`evaluate_run`.
+    """
+    wf_dir, out = Path(wf_dir), Path(out)
+    plan = json.loads((wf_dir / "walkforward_plan.json").read_text())
+    if not all("instruments" in f for f in plan["folds"]):
+        raise ConfigError(
+            f"{wf_dir}: a walk-forward of one instrument; evaluate one of its folds "
+            f"({wf_dir}/fold_<k>) instead"
+        )
+    check_overrides(overrides)
+    ppy = float(plan["bar_clock"]["bars_per_year"])
+    folds, walks, cfg = _evaluate_folds(wf_dir, plan, which, overrides, out, echo)
+    per, cross, frame = walkforward_panel.stitch_instruments(
+        walks, ppy, reps=cfg.eval.bootstrap_reps, seed=cfg.eval.key
+    )
+    frame.to_csv(out / walkforward_panel.INSTRUMENTS_FILE, index=False)
+    seed_logs, base_logs = _portfolio_logs(frame, walks)
     trials = run_statistics.fold_trials([wf_dir / f"fold_{f['fold']}" for f in folds])
     stats = run_statistics.split_statistics(
         cfg, seed_logs, base_logs, "test", trials, bars_per_year=ppy
