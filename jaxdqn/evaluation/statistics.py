@@ -67,6 +67,47 @@ def _finite(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _seed_rows(x, ppy, ref_sr, sr0, size, reps, seed, *, bootstrap: bool):
+    """Each seed's row of :func:`population_statistics` (``seeds``) and its Sharpe interval
+    (with ``bootstrap`` False: the Sharpe alone, no bounds)."""
+    rows, cis = [], []
+    for s in range(x.shape[1]):
+        r = x[:, s]
+        if bootstrap:
+            ci = sharpe_confidence_interval(
+                r, periods_per_year=ppy, size=size, reps=reps, seed=seed
+            )
+        else:
+            sr = annualised_sharpe(sharpe_ratio(r), ppy)
+            ci = {"sharpe": sr, "low": _NAN, "high": _NAN, "block_length": _NAN}
+        cis.append(ci)
+        rows.append(
+            {
+                "seed": s,
+                "sharpe": _finite(ci["sharpe"]),
+                "sharpe_low": _finite(ci["low"]),
+                "sharpe_high": _finite(ci["high"]),
+                "block_length": _finite(ci["block_length"]),
+                "psr_zero": _finite(probabilistic_sharpe_ratio(r, 0.0)),
+                "psr_reference": _finite(probabilistic_sharpe_ratio(r, ref_sr)),
+                "dsr": _finite(probabilistic_sharpe_ratio(r, sr0)),
+            }
+        )
+    return rows, cis
+
+
+def _spa_section(x, baseline_returns, reps: int, seed: int) -> dict[str, Any]:
+    """The ``spa`` entry of :func:`population_statistics` (:func:`spa_pvalue`, finite or None)."""
+    spa = spa_pvalue(x, baseline_returns, reps=reps, seed=seed)
+    finite = lambda d: {k: _finite(v) for k, v in d.items()}
+    return {
+        "baselines": {n: finite(p) for n, p in spa["baselines"].items()},
+        "agent_beats_all": finite(spa["agent_beats_all"]),
+        "some_baseline_beats_agent": finite(spa["some_baseline_beats_agent"]),
+        "block_length": _finite(spa["block_length"]),
+    }
+
+
 def population_statistics(
     seed_returns: ArrayLike | Sequence[ArrayLike],
     baseline_returns: Mapping[str, ArrayLike],
@@ -124,29 +165,7 @@ def population_statistics(
     except ImportError as e:
         missing = f"arch not installed: {e}; bootstrap intervals and SPA skipped"
 
-    rows, cis = [], []
-    for s in range(x.shape[1]):
-        r = x[:, s]
-        if missing is None:
-            ci = sharpe_confidence_interval(
-                r, periods_per_year=ppy, size=size, reps=reps, seed=seed
-            )
-        else:
-            sr = annualised_sharpe(sharpe_ratio(r), ppy)
-            ci = {"sharpe": sr, "low": _NAN, "high": _NAN, "block_length": _NAN}
-        cis.append(ci)
-        rows.append(
-            {
-                "seed": s,
-                "sharpe": _finite(ci["sharpe"]),
-                "sharpe_low": _finite(ci["low"]),
-                "sharpe_high": _finite(ci["high"]),
-                "block_length": _finite(ci["block_length"]),
-                "psr_zero": _finite(probabilistic_sharpe_ratio(r, 0.0)),
-                "psr_reference": _finite(probabilistic_sharpe_ratio(r, ref_sr)),
-                "dsr": _finite(probabilistic_sharpe_ratio(r, sr0)),
-            }
-        )
+    rows, cis = _seed_rows(x, ppy, ref_sr, sr0, size, reps, seed, bootstrap=missing is None)
     if missing is None and x.shape[1] == 1:
         mean = cis[0]  # one seed: the joint bootstrap is that seed's (same block, same seed)
     elif missing is None:
@@ -188,15 +207,5 @@ def population_statistics(
     if missing is not None:
         out["unavailable"] = missing
     elif baseline_returns:
-        spa = spa_pvalue(x, baseline_returns, reps=reps, seed=seed)
-        out["spa"] = {
-            "baselines": {
-                n: {k: _finite(v) for k, v in p.items()} for n, p in spa["baselines"].items()
-            },
-            "agent_beats_all": {k: _finite(v) for k, v in spa["agent_beats_all"].items()},
-            "some_baseline_beats_agent": {
-                k: _finite(v) for k, v in spa["some_baseline_beats_agent"].items()
-            },
-            "block_length": _finite(spa["block_length"]),
-        }
+        out["spa"] = _spa_section(x, baseline_returns, reps, seed)
     return out
