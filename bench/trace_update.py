@@ -40,15 +40,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.hlo_source import instruction_sources, kernel_instruction  # noqa: E402
-from bench.iteration import build, fill_replay, time_calls  # noqa: E402
-from jaxdqn import config  # noqa: E402
+from bench.iteration import COMPONENTS, build, fill_replay, time_calls  # noqa: E402
 from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
-
-COMPONENTS = {
-    "on": ("every component on", config.ALL_ON),
-    "off": ("every component off", config.ALL_OFF),
-}
 
 #: (class, regex on the lower-cased kernel name), first match wins.
 CLASSES = (
