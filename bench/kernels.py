@@ -145,6 +145,23 @@ def fwd_bwd(gate):
     return run
 
 
+def _m7_tiled(logits, v_min, delta_z, *, block_rows, warps):
+    """M7's Pallas kernel at one tiling, on ``[rows, 4, 3, N]`` logits (forward only)."""
+    from jaxdqn.model.distribution import QUANTILE_LEVELS
+    from pallas_kernels.statistics import c51_statistics_pallas
+
+    lead, n = logits.shape[:-1], logits.shape[-1]
+    flat = lambda x: jnp.broadcast_to(x, lead).reshape(-1)
+    return c51_statistics_pallas(
+        logits.reshape(-1, n),
+        flat(v_min),
+        flat(delta_z),
+        levels=QUANTILE_LEVELS,
+        block_rows=block_rows,
+        num_warps=warps,
+    )
+
+
 def rel(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
@@ -387,6 +404,23 @@ def main(argv=None):
             errs = [rel(a, b) for a, b in zip(ker(*sets[0]), ref(*sets[0]), strict=True)]
             sec = time_op(ker, sets, reps)
             record("M7", "Pallas statistics", f"B={rows}×12", sec, nbytes, ref_sec, max(errs))
+            scan = lambda x, vm, dz: distribution.statistics_of_logits(x, vm, dz, "scan")[1:]
+            errs = [rel(a, b) for a, b in zip(scan(*sets[0]), ref(*sets[0]), strict=True)]
+            sec = time_op(scan, sets, reps)
+            record(
+                "M7", "jnp scan, atoms-major (XLA)", f"B={rows}×12", sec, nbytes, ref_sec, max(errs)
+            )
+            in_place = lambda x, vm, dz: distribution.statistics_by_scan(
+                x, vm, dz, atoms_major=False
+            )
+            sec = time_op(in_place, sets, reps)
+            record("M7", "jnp scan, in place (XLA)", f"B={rows}×12", sec, nbytes, ref_sec)
+            if not smoke:  # the kernel's other tilings: is it its 64 × 64 tile that loses?
+                for block_rows, warps in ((16, 1), (16, 2), (32, 2), (32, 4), (64, 8)):
+                    tiled = functools.partial(_m7_tiled, block_rows=block_rows, warps=warps)
+                    sec = time_op(tiled, sets, reps)
+                    label = f"Pallas statistics {block_rows} rows, {warps} warps"
+                    record("M7", label, f"B={rows}×12", sec, nbytes, ref_sec)
             del sets
 
     if fallbacks():

@@ -122,3 +122,84 @@ def test_m7_statistics_kernel_lowers_to_triton_at_acting_size():
     fn = jax.jit(functools.partial(c51_statistics_pallas, levels=D.QUANTILE_LEVELS))
     text = fn.trace(spec(rows, 51), spec(rows), spec(rows)).lower(lowering_platforms=("cuda",))
     assert text.as_text().count("__gpu$xla.gpu.triton") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# kernels.statistics=scan: the same statistics as one left-to-right pass over the atoms (jnp)
+
+
+@pytest.mark.parametrize("shape", [(37, 51), (200, 51), (64, 5), (17, 21)], ids=str)
+def test_m7_statistics_scan_equals_numpy_and_the_jnp_reference(shape):
+    """Well-conditioned rows (spread 1: no atom with a vanishing probability next to a level,
+    where the interpolated quantile turns on the last bit of the CDF in either order)."""
+    logits, v_min, dz = _inputs(*shape, seed=sum(shape), spread=1.0)
+    got = D.statistics_by_scan(logits, v_min, dz)
+    ref = D.statistics(jax.nn.softmax(logits, axis=-1), v_min, dz)
+    for a, b in zip(got, ref, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(got, _by_hand(logits, v_min, dz), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_m7_statistics_scan_on_peaked_and_flat_rows_and_other_levels():
+    """The kernel test's rows (one-hot at 17: Q(τ) = z_16 + τ·Δz; at atom 0: Q = v_min;
+    uniform; the last atom) and levels at both ends, where every CDF value is below τ = 1 − ε
+    only if the CDF rounds low (the reference's clamp k = N − 1 is taken then)."""
+    n = 51
+    rows = np.full((4, n), -60.0, np.float32)
+    rows[0, 17], rows[1, 0], rows[2, :], rows[3, n - 1] = 60.0, 60.0, 0.0, 60.0
+    v_min, dz = jnp.full((4,), -1.0), jnp.full((4,), 0.1)
+    mean, var, quant = D.statistics_by_scan(jnp.asarray(rows), v_min, dz)
+    want = D.statistics(jax.nn.softmax(jnp.asarray(rows), axis=-1), v_min, dz)
+    for a, b in zip((mean, var, quant), want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mean[:2], [-1.0 + 1.7, -1.0], atol=1e-5)
+    np.testing.assert_allclose(quant[1], [-1.0] * 3, atol=1e-6)
+    np.testing.assert_allclose(quant[0], [-1.0 + 0.1 * (16 + t) for t in D.QUANTILE_LEVELS])
+    np.testing.assert_allclose(quant[3], [-1.0 + 0.1 * (n - 2 + t) for t in D.QUANTILE_LEVELS])
+    levels = (0.001, 0.25, 0.999, 1.5)  # 1.5: above every CDF value, the clamp's case
+    logits, v_min, dz = _inputs(40, n, seed=3, spread=1.0)
+    got = D.statistics_by_scan(logits, v_min, dz, levels)[2]
+    ref = D.quantiles(jax.nn.softmax(logits, axis=-1), v_min, dz, levels)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[:, 3], v_min + dz * (n - 1), rtol=1e-6)
+
+
+def test_m7_statistics_scan_is_one_pass_of_slices():
+    """The point of the formulation: no reduction, cumulative sum or gather over the atom axis
+    (XLA fuses slices and elementwise work into one kernel), where the reference has them."""
+    logits, v_min, dz = _inputs(8, 51, seed=1)
+    prims = lambda f: {e.primitive.name for e in jax.make_jaxpr(f)(logits, v_min, dz).eqns}
+    scan = prims(D.statistics_by_scan)
+    ref = prims(lambda x, vm, d: D.statistics(jax.nn.softmax(x, axis=-1), vm, d))
+    heavy = {"reduce_sum", "reduce_max", "cumsum", "gather"}
+    assert heavy & ref and not heavy & scan, (sorted(scan), sorted(ref))
+
+
+def test_m7_statistics_of_logits_scan_agrees_in_values_and_gradients():
+    """``statistics_of_logits(..., "scan")``: the reference's values to float rounding and,
+    through the custom VJP, exactly the reference's gradients; also under vmap and jit."""
+    logits, v_min, dz = _inputs(24, 51, seed=5, spread=1.0)
+    logits = logits.reshape(2, 4, 3, 51)
+    v_min, dz = v_min[:2, None, None], dz[:2, None, None]
+    w = jax.random.normal(jax.random.PRNGKey(9), (3, 2, 4, 3))
+
+    def loss(backend):
+        def f(x, vm, d):
+            _, mean, var, quant = D.statistics_of_logits(x, vm, d, backend)
+            return jnp.sum(mean * w[0]) + jnp.sum(var * w[1]) + jnp.sum(quant[..., 1] * w[2])
+
+        return f
+
+    ref = D.statistics_of_logits(logits, v_min, dz, "reference")
+    got = jax.jit(functools.partial(D.statistics_of_logits, backend="scan"))(logits, v_min, dz)
+    for a, b in zip(got, ref, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    g_ref = jax.grad(loss("reference"), argnums=(0, 1, 2))(logits, v_min, dz)
+    g_got = jax.grad(loss("scan"), argnums=(0, 1, 2))(logits, v_min, dz)
+    for a, b in zip(g_got, g_ref, strict=True):
+        np.testing.assert_array_equal(a, b)
+    batched = jax.vmap(lambda x: D.statistics_of_logits(x, v_min, dz, "scan")[3])
+    np.testing.assert_allclose(batched(jnp.stack([logits, -logits]))[0], ref[3], rtol=1e-5)

@@ -457,6 +457,27 @@ def test_m7_statistics_kernel_in_the_model_equals_the_reference(model_params):
         N.make_model(CFG, OBS_DIM, statistics="auto")
 
 
+def test_m7_statistics_scan_in_the_model_equals_the_reference(model_params):
+    """kernels.statistics=scan: the model's E[Q], Var[Q] and quantiles from the one-pass jnp
+    scan equal the reference's, its forward program has no cumulative sum (the reference's
+    has), and gradients through it are the reference's."""
+    _, params = model_params
+    ref = N.make_model(CFG, OBS_DIM, kan_backend="reference")
+    scan = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics="scan")
+    params = _perturb(params, jax.random.PRNGKey(22))
+    obs, v_min, dz = _obs(B), jnp.linspace(-2.0, -0.5, B), jnp.linspace(0.05, 0.3, B)
+    out_r, out_s = ref.apply(params, obs, v_min, dz), scan.apply(params, obs, v_min, dz)
+    program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz)[2:5])(params))
+    assert "cumsum" in program(ref) and "cumsum" not in program(scan)
+    for name in ("q_mean", "q_var", "quantiles", "probs", "logits"):
+        np.testing.assert_allclose(getattr(out_s, name), getattr(out_r, name), rtol=1e-5, atol=1e-5)
+    loss = lambda m: lambda p: jnp.sum(m.apply(p, obs, v_min, dz).quantiles[..., 0])
+    g_r, g_s = jax.grad(loss(ref))(params), jax.grad(loss(scan))(params)
+    for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_r), strict=True):
+        scale = float(jnp.max(jnp.abs(b))) + 1e-6
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------
 # M12 selectivity
 # --------------------------------------------------------------------------------------------

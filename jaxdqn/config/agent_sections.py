@@ -231,11 +231,14 @@ class KernelsConfig:
     )
     statistics: str = _f(
         "auto",
-        "M7 (softmax, E[Z], Var[Z], quantiles of every distribution): reference = jnp, pallas "
-        "= one Triton kernel that reads the logits once (forward only, differentiated through "
-        "the jnp reference; jnp where it cannot be built), interpret = that kernel under the "
-        "Pallas interpreter (CPU tests). Equal to float rounding. auto = reference",
-        choices=("auto", "reference", "pallas", "interpret"),
+        "M7 (softmax, E[Z], Var[Z], quantiles of every distribution): reference = jnp, scan "
+        "= jnp as one left-to-right pass over the atoms (running sums and level picks, no "
+        "reductions or gathers: one fused kernel on a GPU; forward only, differentiated "
+        "through the reference), pallas = one Triton kernel that reads the logits once (forward "
+        "only, differentiated through the jnp reference; jnp where it cannot be built), "
+        "interpret = that kernel under the Pallas interpreter (CPU tests). Equal to float "
+        "rounding. auto = reference",
+        choices=("auto", "reference", "scan", "pallas", "interpret"),
     )
     matmul: str = _f(
         "f32",
