@@ -45,6 +45,24 @@ def _by_hand(logits, v_min, dz):
     return mean, var, quant
 
 
+def _branch_inputs_and_loss(spread: float):
+    """``[2, 4, 3, 51]`` logits with per-row supports, and ``loss(backend)``: a weighted sum
+    of E[Z], Var[Z] and the median from :func:`D.statistics_of_logits` (for gradients)."""
+    logits, v_min, dz = _inputs(24, 51, seed=5, spread=spread)
+    logits = logits.reshape(2, 4, 3, 51)
+    v_min, dz = v_min[:2, None, None], dz[:2, None, None]
+    w = jax.random.normal(jax.random.PRNGKey(9), (3, 2, 4, 3))
+
+    def loss(backend):
+        def f(x, vm, d):
+            _, mean, var, quant = D.statistics_of_logits(x, vm, d, backend)
+            return jnp.sum(mean * w[0]) + jnp.sum(var * w[1]) + jnp.sum(quant[..., 1] * w[2])
+
+        return f
+
+    return logits, v_min, dz, loss
+
+
 @pytest.mark.parametrize("shape", [(37, 51), (200, 51), (64, 5), (17, 21)], ids=str)
 def test_m7_statistics_kernel_equals_numpy_and_the_jnp_reference(shape):
     logits, v_min, dz = _inputs(*shape, seed=sum(shape))
@@ -87,17 +105,7 @@ def test_m7_statistics_kernel_on_peaked_and_flat_rows():
 def test_m7_statistics_of_logits_backends_agree_in_values_and_gradients():
     """``statistics_of_logits``: the kernel path gives the reference's values and, through its
     custom VJP, the reference's gradients (logits, v_min and Δz), also under vmap."""
-    logits, v_min, dz = _inputs(24, 51, seed=5)
-    logits = logits.reshape(2, 4, 3, 51)
-    v_min, dz = v_min[:2, None, None], dz[:2, None, None]
-    w = jax.random.normal(jax.random.PRNGKey(9), (3, 2, 4, 3))
-
-    def loss(backend):
-        def f(x, vm, d):
-            _, mean, var, quant = D.statistics_of_logits(x, vm, d, backend)
-            return jnp.sum(mean * w[0]) + jnp.sum(var * w[1]) + jnp.sum(quant[..., 1] * w[2])
-
-        return f
+    logits, v_min, dz, loss = _branch_inputs_and_loss(spread=3.0)
 
     ref = D.statistics_of_logits(logits, v_min, dz, "reference")
     got = D.statistics_of_logits(logits, v_min, dz, BACKEND)
@@ -180,17 +188,7 @@ def test_m7_statistics_scan_is_one_pass_of_slices():
 def test_m7_statistics_of_logits_scan_agrees_in_values_and_gradients():
     """``statistics_of_logits(..., "scan")``: the reference's values to float rounding and,
     through the custom VJP, exactly the reference's gradients; also under vmap and jit."""
-    logits, v_min, dz = _inputs(24, 51, seed=5, spread=1.0)
-    logits = logits.reshape(2, 4, 3, 51)
-    v_min, dz = v_min[:2, None, None], dz[:2, None, None]
-    w = jax.random.normal(jax.random.PRNGKey(9), (3, 2, 4, 3))
-
-    def loss(backend):
-        def f(x, vm, d):
-            _, mean, var, quant = D.statistics_of_logits(x, vm, d, backend)
-            return jnp.sum(mean * w[0]) + jnp.sum(var * w[1]) + jnp.sum(quant[..., 1] * w[2])
-
-        return f
+    logits, v_min, dz, loss = _branch_inputs_and_loss(spread=1.0)
 
     ref = D.statistics_of_logits(logits, v_min, dz, "reference")
     got = jax.jit(functools.partial(D.statistics_of_logits, backend="scan"))(logits, v_min, dz)
