@@ -45,6 +45,17 @@ def _by_hand(logits, v_min, dz):
     return mean, var, quant
 
 
+def _peaked_rows(n: int = 51):
+    """Four rows of logits: all mass on atom 17, on atom 0, uniform, on the last atom; with
+    v_min = −1 and Δz = 0.1."""
+    rows = np.full((4, n), -60.0, np.float32)
+    rows[0, 17] = 60.0
+    rows[1, 0] = 60.0
+    rows[2, :] = 0.0
+    rows[3, n - 1] = 60.0
+    return rows, jnp.full((4,), -1.0), jnp.full((4,), 0.1)
+
+
 def _branch_inputs_and_loss(spread: float):
     """``[2, 4, 3, 51]`` logits with per-row supports, and ``loss(backend)``: a weighted sum
     of E[Z], Var[Z] and the median from :func:`D.statistics_of_logits` (for gradients)."""
@@ -81,13 +92,7 @@ def test_m7_statistics_kernel_on_peaked_and_flat_rows():
     """One-hot-like rows (the CDF jumps over every level at atom 17: k = 17, and the linear
     CDF between z_16 and z_17 puts Q(τ) at z_16 + τ·Δz), a row peaked on atom 0 (k = 0:
     Q = v_min), a flat row, a row peaked on the last atom, and the variance clamp at zero."""
-    n = 51
-    rows = np.full((4, n), -60.0, np.float32)
-    rows[0, 17] = 60.0  # all mass on atom 17
-    rows[1, 0] = 60.0  # all mass on atom 0
-    rows[2, :] = 0.0  # uniform
-    rows[3, n - 1] = 60.0  # all mass on the last atom
-    v_min, dz = jnp.full((4,), -1.0), jnp.full((4,), 0.1)
+    rows, v_min, dz = _peaked_rows()
     mean, var, quant = c51_statistics_pallas(
         jnp.asarray(rows), v_min, dz, levels=D.QUANTILE_LEVELS, interpret=BACKEND == "interpret"
     )
@@ -154,10 +159,8 @@ def test_m7_statistics_scan_on_peaked_and_flat_rows_and_other_levels():
     """The kernel test's rows (one-hot at 17: Q(τ) = z_16 + τ·Δz; at atom 0: Q = v_min;
     uniform; the last atom) and levels at both ends, where every CDF value is below τ = 1 − ε
     only if the CDF rounds low (the reference's clamp k = N − 1 is taken then)."""
-    n = 51
-    rows = np.full((4, n), -60.0, np.float32)
-    rows[0, 17], rows[1, 0], rows[2, :], rows[3, n - 1] = 60.0, 60.0, 0.0, 60.0
-    v_min, dz = jnp.full((4,), -1.0), jnp.full((4,), 0.1)
+    rows, v_min, dz = _peaked_rows()
+    n = rows.shape[1]
     mean, var, quant = D.statistics_by_scan(jnp.asarray(rows), v_min, dz)
     want = D.statistics(jax.nn.softmax(jnp.asarray(rows), axis=-1), v_min, dz)
     for a, b in zip((mean, var, quant), want, strict=True):

@@ -428,54 +428,45 @@ def test_m7_network_statistics_use_the_given_support(model_params):
     assert np.all(np.diff(np.asarray(out.quantiles), axis=-1) >= 0)
 
 
-def test_m7_statistics_kernel_in_the_model_equals_the_reference(model_params):
-    """kernels.statistics=interpret: the model's E[Q], Var[Q] and quantiles from the Pallas
-    kernel equal the jnp reference's, and so do the gradients of a loss through all three."""
+@pytest.mark.parametrize(
+    "statistics, marker, in_other, atol",
+    [("interpret", "pallas_call", True, 1e-6), ("scan", "cumsum", False, 1e-5)],
+)
+def test_m7_statistics_implementations_in_the_model_equal_the_reference(
+    model_params, statistics, marker, in_other, atol
+):
+    """kernels.statistics=interpret (the Pallas kernel) and =scan (the one-pass jnp scan):
+    the model's E[Q], Var[Q] and quantiles equal the jnp reference's, and so do the gradients
+    of a loss through all three. The program shows which ran: the kernel's holds a
+    ``pallas_call`` (the reference's none), the scan's no cumulative sum (the reference's one)."""
     _, params = model_params
     ref = N.make_model(CFG, OBS_DIM, kan_backend="reference")
-    ker = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics="interpret")
+    other = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics=statistics)
     params = _perturb(params, jax.random.PRNGKey(21))
     obs, v_min, dz = _obs(B), jnp.linspace(-2.0, -0.5, B), jnp.linspace(0.05, 0.3, B)
-    out_r, out_k = ref.apply(params, obs, v_min, dz), ker.apply(params, obs, v_min, dz)
-    program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz).q_mean)(params))
-    assert "pallas_call" in program(ker) and "pallas_call" not in program(ref)
+    out_r, out_o = ref.apply(params, obs, v_min, dz), other.apply(params, obs, v_min, dz)
+    program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz)[2:5])(params))
+    assert (marker in program(other)) == in_other and (marker in program(ref)) != in_other
     for name in ("q_mean", "q_var", "quantiles", "probs", "logits"):
-        np.testing.assert_allclose(getattr(out_k, name), getattr(out_r, name), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(getattr(out_o, name), getattr(out_r, name), rtol=1e-5, atol=atol)
 
     def loss(model):
         def f(p):
             out = model.apply(p, obs, v_min, dz)
-            return jnp.sum(out.q_mean**2) + jnp.sum(out.q_var) + jnp.sum(out.quantiles[..., 2])
+            q = out.quantiles
+            return jnp.sum(out.q_mean**2) + jnp.sum(out.q_var) + jnp.sum(q[..., 0] + q[..., 2])
 
         return f
 
-    g_r, g_k = jax.grad(loss(ref))(params), jax.grad(loss(ker))(params)
-    for a, b in zip(jax.tree.leaves(g_k), jax.tree.leaves(g_r), strict=True):
+    g_r, g_o = jax.grad(loss(ref))(params), jax.grad(loss(other))(params)
+    for a, b in zip(jax.tree.leaves(g_o), jax.tree.leaves(g_r), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
         np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)
+
+
+def test_m7_statistics_setting_must_be_resolved():
     with pytest.raises(ValueError, match=r"kernels\.statistics"):
         N.make_model(CFG, OBS_DIM, statistics="auto")
-
-
-def test_m7_statistics_scan_in_the_model_equals_the_reference(model_params):
-    """kernels.statistics=scan: the model's E[Q], Var[Q] and quantiles from the one-pass jnp
-    scan equal the reference's, its forward program has no cumulative sum (the reference's
-    has), and gradients through it are the reference's."""
-    _, params = model_params
-    ref = N.make_model(CFG, OBS_DIM, kan_backend="reference")
-    scan = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics="scan")
-    params = _perturb(params, jax.random.PRNGKey(22))
-    obs, v_min, dz = _obs(B), jnp.linspace(-2.0, -0.5, B), jnp.linspace(0.05, 0.3, B)
-    out_r, out_s = ref.apply(params, obs, v_min, dz), scan.apply(params, obs, v_min, dz)
-    program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz)[2:5])(params))
-    assert "cumsum" in program(ref) and "cumsum" not in program(scan)
-    for name in ("q_mean", "q_var", "quantiles", "probs", "logits"):
-        np.testing.assert_allclose(getattr(out_s, name), getattr(out_r, name), rtol=1e-5, atol=1e-5)
-    loss = lambda m: lambda p: jnp.sum(m.apply(p, obs, v_min, dz).quantiles[..., 0])
-    g_r, g_s = jax.grad(loss(ref))(params), jax.grad(loss(scan))(params)
-    for a, b in zip(jax.tree.leaves(g_s), jax.tree.leaves(g_r), strict=True):
-        scale = float(jnp.max(jnp.abs(b))) + 1e-6
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,8 +71,19 @@ def variance(probs: Array, v_min: Array | float, delta_z: Array | float) -> Arra
       ``probs.shape[:-1]``.
     """
     del v_min
-    mean_i, mean_i2 = _index_moments(probs)
+    return _index_variance(*_index_moments(probs), delta_z)
+
+
+def _index_variance(mean_i: Array, mean_i2: Array, delta_z: Array | float) -> Array:
+    """``Δz² · max(E[i²] − E[i]², 0)`` (see :func:`variance`)."""
     return jnp.square(delta_z) * jnp.maximum(mean_i2 - jnp.square(mean_i), 0.0)
+
+
+def _position(k: Array, f_prev: Array, f_k: Array, taus: Array) -> Array:
+    """The quantile's fractional atom index from its bracketing CDF values (see
+    :func:`quantiles`): ``k − 1 + clip((τ − F_{k−1}) / (F_k − F_{k−1}), 0, 1)``, 0 where k = 0."""
+    frac = (taus - f_prev) / jnp.maximum(f_k - f_prev, jnp.finfo(taus.dtype).tiny)
+    return jnp.where(k > 0, k - 1 + jnp.clip(frac, 0.0, 1.0), 0.0)
 
 
 def quantiles(
@@ -106,8 +117,7 @@ def quantiles(
     k = jnp.minimum(k, n - 1)
     f_k = jnp.take_along_axis(cdf, k, axis=-1)
     f_prev = jnp.where(k > 0, jnp.take_along_axis(cdf, jnp.maximum(k - 1, 0), axis=-1), 0.0)
-    frac = (taus - f_prev) / jnp.maximum(f_k - f_prev, jnp.finfo(probs.dtype).tiny)
-    pos = jnp.where(k > 0, k - 1 + jnp.clip(frac, 0.0, 1.0), 0.0)
+    pos = _position(k, f_prev, f_k, taus)
     return jnp.asarray(v_min)[..., None] + jnp.asarray(delta_z)[..., None] * pos
 
 
@@ -185,16 +195,12 @@ def statistics_by_scan(
             count[j] = count[j] + below.astype(logits.dtype)
             f_prev[j] = jnp.where(below, cdf, f_prev[j])
             f_next[j] = jnp.where(below, f_next[j], jnp.minimum(f_next[j], cdf))
-    tiny = jnp.finfo(logits.dtype).tiny
-    positions = []
-    for j, tau in enumerate(taus):
-        # Every F_i < τ (a CDF that rounds below τ) leaves F_k = ∞: position N − 1, which is
-        # where the reference's clamp k = N − 1 with its fraction clipped to 1 lands too.
-        frac = (tau - f_prev[j]) / jnp.maximum(f_next[j] - f_prev[j], tiny)
-        positions.append(jnp.where(count[j] > 0, count[j] - 1.0 + jnp.clip(frac, 0.0, 1.0), 0.0))
+    # Every F_i < τ (a CDF that rounds below τ) leaves F_k = ∞: position N − 1, which is where
+    # the reference's clamp k = N − 1 with its fraction clipped to 1 lands too.
+    positions = [_position(*picks) for picks in zip(count, f_prev, f_next, taus, strict=True)]
     v_min, delta_z = jnp.asarray(v_min), jnp.asarray(delta_z)
     mean = v_min + delta_z * mean_i
-    var = jnp.square(delta_z) * jnp.maximum(mean_i2 - jnp.square(mean_i), 0.0)
+    var = _index_variance(mean_i, mean_i2, delta_z)
     quant = v_min[..., None] + delta_z[..., None] * jnp.stack(positions, axis=-1)
     return mean, var, quant
 
@@ -250,10 +256,10 @@ def statistics_of_logits(
     if backend not in STATISTICS:
         raise ValueError(f"kernels.statistics: {backend!r} is not one of {STATISTICS}")
     probs = jax.nn.softmax(logits, axis=-1)
-    kernel = backend in ("scan", "interpret") or (
+    forward_only = backend in ("scan", "interpret") or (
         backend == "pallas" and statistics_kernel_available(logits.shape[-1], QUANTILE_LEVELS)
     )
-    if not kernel:
+    if not forward_only:
         return (probs, *statistics(probs, v_min, delta_z))
     v_min, delta_z = jnp.asarray(v_min, logits.dtype), jnp.asarray(delta_z, logits.dtype)
     return (probs, *_forward_statistics(logits, v_min, delta_z, backend))
