@@ -109,7 +109,10 @@ def _select(at, values, shift):
     return out
 
 
-def _load_params(c_ref, w_ref, cols, col_ok):
+def load_gate_params(c_ref, w_ref, cols, col_ok):
+    """The gate parameters of the columns ``cols`` inside a kernel: the 8 coefficient rows
+    ``c_k [1, cols]`` of the transposed ``c_ref [8, F]``, their differences ``d_k = c_{k+1} −
+    c_k`` and the residual weights ``w [1, cols]`` (zero where ``col_ok`` is false)."""
     c = [
         pl_triton.load(c_ref.at[k, cols], mask=col_ok, other=0.0)[None, :] for k in range(NUM_BASES)
     ]
@@ -124,8 +127,17 @@ def _kan_fwd_kernel(x_ref, c_ref, w_ref, *rest, block_b, block_f, grid_min, grid
     rows, cols, col_ok, mask, load_idx = _tile(
         block_b, block_f, num_rows, num_cols, pl.program_id(0), pl.program_id(1)
     )
-    c, d, w = _load_params(c_ref, w_ref, cols, col_ok)
+    params = load_gate_params(c_ref, w_ref, cols, col_ok)
     x = pl_triton.load(x_ref.at[load_idx], mask=mask, other=0.0)
+    out = spline_gate_tile(x, params, grid_min, grid_max)
+    pl_triton.store(o_ref.at[rows[:, None], cols[None]], out, mask=mask)
+
+
+def spline_gate_tile(x, params, grid_min, grid_max):
+    """The gate's value on a tile ``x [rows, cols]`` inside a kernel, with ``params`` the
+    ``(c, d, w)`` rows of :func:`load_gate_params` for those columns (the difference form:
+    ``c_i + Σ_j d_{i+j}·T_{j+1}(t)`` plus the residual ``w·(sigmoid(x) − ½)``)."""
+    c, d, w = params
     at, t, _ = _local(x, grid_min, grid_max)
     s = 1.0 - t
     t2 = t * t
@@ -140,8 +152,7 @@ def _kan_fwd_kernel(x_ref, c_ref, w_ref, *rest, block_b, block_f, grid_min, grid
         + _select(at, d, 1) * tail2
         + _select(at, d, 2) * tail3
     )
-    out = spline + w * (jax.nn.sigmoid(x) - 0.5)
-    pl_triton.store(o_ref.at[rows[:, None], cols[None]], out, mask=mask)
+    return spline + w * (jax.nn.sigmoid(x) - 0.5)
 
 
 def _kan_bwd_kernel(x_ref, g_ref, c_ref, w_ref, *rest, block_b, block_f, steps, grid_min, grid_max):
@@ -152,7 +163,7 @@ def _kan_bwd_kernel(x_ref, g_ref, c_ref, w_ref, *rest, block_b, block_f, steps, 
     pid_f = pl.program_id(1)
     cols = pid_f * block_f + jnp.arange(block_f, dtype=jnp.int32)
     col_ok = cols < num_cols
-    _, d, w = _load_params(c_ref, w_ref, cols, col_ok)
+    _, d, w = load_gate_params(c_ref, w_ref, cols, col_ok)
     d = [dk * (1.0 / h) for dk in d]  # d spline / dx = Σ d_{i+j}·T_{j+1}'(t) / h
 
     def body(step, accs):

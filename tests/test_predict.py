@@ -253,8 +253,8 @@ def test_e3_readme_loader_runs_with_jax_and_numpy_alone(exported):
 
 def test_e3_export_builds_every_kernel_in_its_jnp_form():
     """An artifact for the CPU and CUDA holds no Triton kernel: the KAN gate's reference, the
-    Pallas heads as one product per branch (the same function), M7's jnp statistics; the other
-    settings as they were."""
+    Pallas heads as one product per branch (the same function), M7's jnp statistics, M3 + M4 as
+    XLA's products and gate; the other settings as they were."""
     import dataclasses
 
     from jaxdqn.config import KernelsConfig
@@ -262,7 +262,12 @@ def test_e3_export_builds_every_kernel_in_its_jnp_form():
 
     for heads, want in (("pallas", "split"), ("interpret", "split"), ("split", "split"),
                         ("blockdiag", "blockdiag"), ("auto", "auto")):  # fmt: skip
-        k = KernelsConfig(kan="pallas", heads=heads, statistics="pallas", matmul="bf16")
+        k = KernelsConfig(
+            kan="pallas", heads=heads, statistics="pallas", gated="pallas", matmul="bf16"
+        )
         out = jnp_kernels(k)
-        assert (out.kan, out.heads, out.statistics) == ("reference", want, "reference")
-        assert dataclasses.replace(out, kan=k.kan, heads=k.heads, statistics=k.statistics) == k
+        assert (out.kan, out.heads, out.statistics, out.gated) == (
+            "reference", want, "reference", "reference"
+        )  # fmt: skip
+        back = dict(kan=k.kan, heads=k.heads, statistics=k.statistics, gated=k.gated)
+        assert dataclasses.replace(out, **back) == k

@@ -7,6 +7,7 @@ import pytest
 
 from jaxdqn.agent.resolve import (
     Projection,
+    gated_kernels,
     head_kernels,
     in_q_units,
     make_device_config,
@@ -66,6 +67,21 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     assert r.learning_starts == cfg.replay.learning_starts
     with pytest.raises(ConfigError, match="divisible by 3"):
         resolve(cfg, _Market(_closes()), Shards(axis="data", count=3))
+
+
+def test_m3_kernels_gated_resolves_auto_to_reference_and_needs_the_fused_branches():
+    for fused in ("auto", "fused", "reference"):
+        assert gated_kernels("auto", fused) == gated_kernels("reference", fused) == "reference"
+    for setting in ("pallas", "interpret"):
+        assert gated_kernels(setting, "fused") == setting
+        assert gated_kernels(setting, "auto") == "reference"  # the CPU's per-branch modules
+        with pytest.raises(ConfigError, match=f"kernels.gated={setting} needs the fused"):
+            gated_kernels(setting, "reference")
+    cfg = Config()
+    kernels = dataclasses.replace(cfg.kernels, gated="interpret", fused="fused")
+    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    assert (r.fused, r.heads, r.gated) == (True, "blockdiag", "interpret")
+    assert resolve(cfg, _Market(_closes())).gated == "reference"
 
 
 def test_m6_kernels_heads_resolves_auto_to_blockdiag_and_needs_the_fused_branches():

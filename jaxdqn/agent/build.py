@@ -120,6 +120,7 @@ def build_agent(
         fused=r.fused,
         heads=r.heads,
         statistics=r.statistics,
+        gated=r.gated,
         shards=shards,
         matmul=cfg.kernels.matmul,
     )

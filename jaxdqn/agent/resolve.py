@@ -12,6 +12,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`fused_kernels`: ``kernels.fused`` on this backend;
 * :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
 * :func:`statistics_kernels`: ``kernels.statistics``;
+* :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -32,6 +33,7 @@ __all__ = [
     "Projection",
     "Resolved",
     "fused_kernels",
+    "gated_kernels",
     "in_q_units",
     "make_device_config",
     "projection_backend",
@@ -63,6 +65,7 @@ class Resolved(NamedTuple):
       fused: :func:`fused_kernels`.
       heads: :func:`head_kernels`.
       statistics: :func:`statistics_kernels`.
+      gated: :func:`gated_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -78,6 +81,7 @@ class Resolved(NamedTuple):
     fused: bool
     heads: str
     statistics: str
+    gated: str
     projection: Projection
 
 
@@ -182,6 +186,25 @@ def head_kernels(setting: str, fused_setting: str) -> str:
     return setting
 
 
+def gated_kernels(setting: str, fused_setting: str) -> str:
+    """``kernels.gated`` resolved against ``kernels.fused`` (its setting, not its resolution):
+    ``auto`` = ``reference`` (the measured default; the kernel is a switch to measure against
+    it, bench/RESULTS.md). Where ``kernels.fused=auto`` resolves to the per-branch modules (the
+    CPU) every setting resolves to ``reference``, as for :func:`head_kernels`.
+
+    Raises:
+      ConfigError: ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
+    """
+    if setting == "auto" or not fused_kernels(fused_setting):
+        if setting not in ("auto", "reference") and fused_setting == "reference":
+            raise ConfigError(
+                f"kernels.gated={setting} needs the fused branches; kernels.fused=reference "
+                "computes one module per branch"
+            )
+        return "reference"
+    return setting
+
+
 def statistics_kernels(setting: str) -> str:
     """``kernels.statistics`` resolved: ``auto`` = ``reference`` (the measured default; the
     Pallas kernel is a switch to measure against it)."""
@@ -237,5 +260,6 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         fused=fused,
         heads=head_kernels(cfg.kernels.heads, cfg.kernels.fused),
         statistics=statistics_kernels(cfg.kernels.statistics),
+        gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused),
         projection=Projection(backend, projection_fallback(backend)),
     )

@@ -240,6 +240,19 @@ class KernelsConfig:
         "rounding. auto = reference",
         choices=("auto", "reference", "scan", "pallas", "interpret"),
     )
+    gated: str = _f(
+        "auto",
+        "how kernels.fused computes the branches' value and gate paths and gates (M3 + M4): "
+        "reference = XLA's value/gate product, then the gate call and the product u * gate; "
+        "pallas = one Triton kernel per call, the GEMM with the gate in its epilogue, writing "
+        "only u * gate (pallas_kernels/gated.py; forward only: a differentiated pass, the "
+        "learner's online network, runs the reference and gets its gradients; jnp where the "
+        "kernel cannot be built), interpret = that kernel under the Pallas interpreter (CPU "
+        "tests). Equal to float rounding. auto = reference. Without the fused branches "
+        "(kernels.fused=auto on the CPU) every setting resolves to reference; with "
+        "kernels.fused=reference anything but auto or reference is an error",
+        choices=("auto", "reference", "pallas", "interpret"),
+    )
     matmul: str = _f(
         "f32",
         "operand precision of the model's matrix products (M1-M12): f32 = JAX's float32 "

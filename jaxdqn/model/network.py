@@ -22,7 +22,8 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
 
 ``fused`` (``kernels.fused``) computes M3–M6 for all four branches together
 (:meth:`Network._fused_branches`: one value/gate product, one gate call for direction, order and
-urgency, the heads of several branches at once as ``kernels.heads`` says,
+urgency, or both as one kernel per call with ``kernels.gated`` (:mod:`jaxdqn.model.gated`), the
+heads of several branches at once as ``kernels.heads`` says,
 :func:`jaxdqn.model.heads.branch_heads`) with the per-branch modules' parameters; the per-branch
 :class:`Branch` modules are the reference. Every Dense layer is
 :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on accelerators).
@@ -56,6 +57,7 @@ from jax import Array
 from jaxdqn.branches import BRANCH_KEYS, BRANCHES, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
+from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
 from jaxdqn.model.dense import Dense, affine, matmul_precision
 from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
@@ -243,6 +245,7 @@ class Network(nn.Module):
     kan_backend: str = "auto"
     fused: bool = True
     head_kernels: str = "blockdiag"  # kernels.heads resolved (HEADS)
+    gated_kernels: str = "reference"  # kernels.gated resolved (GATED)
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -308,21 +311,14 @@ class Network(nn.Module):
         }
         kernels = [prm[k][path][0][:sh2] for path, k in cols]
         biases = [prm[k][path][1] for path, k in cols]
+        spec = gated_lib.GateSpec(c.kan, c.kan_grid_min, c.kan_grid_max, self.kan_backend)
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         pre = affine(h_m, jnp.concatenate(kernels, 1), jnp.concatenate(biases))
 
         def gate(x: Array, keys: tuple[str, ...]) -> Array:
             """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
-            if not c.kan:
-                return jax.nn.sigmoid(x)
-            return kan_gate(
-                x,
-                jnp.concatenate([prm[k]["kan"][0] for k in keys], 0),
-                jnp.concatenate([prm[k]["kan"][1] for k in keys], 0),
-                grid_min=c.kan_grid_min,
-                grid_max=c.kan_grid_max,
-                backend=self.kan_backend,
-            )
+            cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if c.kan else None
+            return gated_lib.gate(x, cat(0), cat(1), spec)
 
         def heads(a: Array, keys: tuple[str, ...]) -> Array:
             """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]``."""
@@ -334,7 +330,11 @@ class Network(nn.Module):
 
         first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
         span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
-        logits = heads(pre[:, span("value")] * gate(pre[:, span("gate")], first), first)
+        if self.gated_kernels != "reference":  # M3 + M4 in one kernel per call (gated.py)
+            a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, self.gated_kernels)
+        else:
+            a = pre[:, span("value")] * gate(pre[:, span("gate")], first)
+        logits = heads(a, first)
         fused = [logits[:, i] for i in range(len(first))]  # FUSED_ORDER
         if c.dir_conditioning:
             p_dir = jax.nn.softmax(fused[0], axis=-1)
@@ -342,9 +342,14 @@ class Network(nn.Module):
             cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
             mag_key = ("branch_magnitude",)
             mag = prm[mag_key[0]]
-            u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
-            g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
-            fused.append(heads(u * gate(g, mag_key), mag_key)[:, 0])
+            if self.gated_kernels != "reference":
+                x = jnp.concatenate([h_m, cond], 1)
+                a = gated_lib.gated_values([mag], x, spec, self.gated_kernels)
+            else:
+                u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
+                g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
+                a = u * gate(g, mag_key)
+            fused.append(heads(a, mag_key)[:, 0])
         return jnp.stack([fused[i] for i in FROM_FUSED], axis=1)
 
 
@@ -379,6 +384,7 @@ def make_model(
     fused: bool = True,
     heads: str = "blockdiag",
     statistics: str = "reference",
+    gated: str = "reference",
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
 ) -> Model:
@@ -387,8 +393,9 @@ def make_model(
     the four branches together (``kernels.fused``; off: one module per branch), ``heads`` how
     it computes their heads (``kernels.heads`` resolved: blockdiag | split | pallas |
     interpret), ``statistics`` how M7 is computed (``kernels.statistics`` resolved:
-    reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`);
-    ``shards``:
+    reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`),
+    ``gated`` how the fused branches compute M3 + M4 (``kernels.gated`` resolved: reference |
+    pallas | interpret, :mod:`jaxdqn.model.gated`); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
     matmul_precision(matmul)  # an unknown value fails here, not at the first trace
@@ -398,7 +405,9 @@ def make_model(
         raise ValueError(
             f"kernels.statistics: {statistics!r} is not one of {distribution.STATISTICS}"
         )
-    net = Network(cfg, obs_dim, kan_backend, fused, heads)
+    if gated not in gated_lib.GATED:
+        raise ValueError(f"kernels.gated: {gated!r} is not one of {gated_lib.GATED}")
+    net = Network(cfg, obs_dim, kan_backend, fused, heads, gated)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
     cell = make_xlstm(cfg)

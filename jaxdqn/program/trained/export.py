@@ -70,9 +70,12 @@ def _policy(agent: Any, env_params: Any, treedef: Any):
 def jnp_kernels(kernels: KernelsConfig) -> KernelsConfig:
     """``kernels`` with every Pallas kernel in its jnp form, the same functions to float
     rounding: an artifact for the CPU and CUDA holds no Triton kernel (the KAN gate's
-    reference, the heads one product per branch, M7's jnp statistics)."""
+    reference, the heads one product per branch, M7's jnp statistics, M3 + M4's XLA products
+    and gate)."""
     heads = "split" if kernels.heads in ("pallas", "interpret") else kernels.heads
-    return dataclasses.replace(kernels, kan="reference", heads=heads, statistics="reference")
+    return dataclasses.replace(
+        kernels, kan="reference", heads=heads, statistics="reference", gated="reference"
+    )
 
 
 def export_run(run_dir: Path, out_dir: Path, which: str | int = "best") -> dict[str, Any]:

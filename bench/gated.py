@@ -1,0 +1,90 @@
+"""M3 + M4 alone: the gated value path as XLA computes it (``kernels.gated=reference``) against
+the Pallas GEMM with the gate in its epilogue (``pallas``), at acting's and the learner's rows.
+
+    PYTHONPATH=. python bench/gated.py            # on the GPU; a markdown table last
+    PYTHONPATH=. python bench/gated.py --smoke    # tiny shapes, interpret mode, any machine
+
+Both compute ``a = (x W_u + b_u) ⊙ gate(x W_g + b_g)`` for the three branches the fused model
+computes together (K = SH2 = 256 inputs, F = 3·AH = 768 columns) and for magnitude's call under
+M5 (K = 259, F = 256); the reference is the model's own formulation (one ``affine`` of
+``[W_u | W_g]``, then the KAN gate kernel P2 and the product). Timing: ``bench/kernels.py``'s
+chained-difference method (medians). TFLOP/s counts the two products' multiply-adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+
+from bench.kernels import n_sets, rel, time_op
+from jaxdqn.model.gated import GateSpec, gated_reference
+from pallas_kernels import fallbacks
+from pallas_kernels.gated import GatedBlocks, gated_value_pallas
+
+
+def inputs(key, rows, k, f):
+    kx, ku, kg, kc, kw = jax.random.split(key, 5)
+    x = jax.random.normal(kx, (rows, k))
+    w_u = jax.random.normal(ku, (k, f)) / np.sqrt(k)
+    w_g = 2.0 * jax.random.normal(kg, (k, f)) / np.sqrt(k)
+    zeros = jnp.zeros((f,))
+    coeffs = 0.5 + 0.1 * jax.random.normal(kc, (f, 8))
+    return x, w_u, w_g, zeros, zeros + 0.1, coeffs, 0.3 * jax.random.normal(kw, (f,))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args(argv)
+    smoke, reps = args.smoke, 2 if args.smoke else args.reps
+    dev = jax.devices()[0]
+    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
+    spec = GateSpec(True, -3.0, 3.0, "interpret" if smoke else "pallas")
+    shapes = [(40, 24, 48)] if smoke else [(65536, 256, 768), (65536, 259, 256), (8192, 256, 768)]
+    tilings = [GatedBlocks(16, 16, 16)] if smoke else [
+        GatedBlocks(64, 64, 32, 4), GatedBlocks(128, 64, 32, 4), GatedBlocks(128, 64, 32, 8),
+        GatedBlocks(64, 128, 32, 4), GatedBlocks(128, 128, 32, 8), GatedBlocks(64, 64, 64, 4),
+    ]  # fmt: skip
+    table = []
+    for rows, k, f in shapes:
+        sets = [
+            inputs(kk, rows, k, f)
+            for kk in jax.random.split(jax.random.key(rows + k), 2 * n_sets(4 * rows * (k + f)))
+        ]
+        ref = functools.partial(gated_reference, spec=spec)
+        want = np.asarray(ref(*sets[0]))
+        ref_us = time_op(ref, sets, reps) * 1e6
+        flops = 4.0 * rows * k * f
+        table.append((f"{rows}×{k}→{f}", "XLA affine + P2 gate + product", ref_us, 1.0, 0.0))
+        print(table[-1], flush=True)
+        for blocks in tilings:
+            fn = functools.partial(gated_value_pallas, blocks=blocks, interpret=smoke)
+            try:
+                us = time_op(fn, sets, reps) * 1e6
+                err = rel(fn(*sets[0]), want)
+            except Exception as e:  # a tiling Triton refuses: report it, go on
+                print(f"  {blocks}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                continue
+            name = f"Pallas bm={blocks[0]} bn={blocks[1]} bk={blocks[2]} w={blocks[3]}"
+            table.append((f"{rows}×{k}→{f}", name, us, ref_us / us, err))
+            print(table[-1], f"{flops / us / 1e6:.0f} TFLOP/s", flush=True)
+        del sets
+    if fallbacks():
+        print("fallbacks:", fallbacks())
+    print("\n| rows × K → F | implementation | µs | speed-up | rel. error |")
+    print("|---|---|---:|---:|---:|")
+    for size, name, us, speed, err in table:
+        print(f"| {size} | {name} | {us:.1f} | {speed:.2f}× | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

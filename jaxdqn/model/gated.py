@@ -1,0 +1,115 @@
+"""M3 + M4 of several branches as one kernel call: ``kernels.gated``.
+
+For ``x [B, K]`` and m branches with value/gate paths ``W_u^k, W_g^k [K, AH]``, biases
+``b_u^k, b_g^k [AH]`` and gates (M4's KAN gate, or the sigmoid without M4):
+
+    a = [u_k ⊙ gate_k(g_k)]_k,   u_k = x W_u^k + b_u^k,   g_k = x W_g^k + b_g^k   → [B, m·AH]
+
+:data:`GATED` settings (resolved):
+
+- ``reference``: XLA's products and the gate call of
+  :meth:`jaxdqn.model.network.Network._fused_branches` (no call into this module);
+- ``pallas``: :func:`pallas_kernels.gated.gated_value_pallas`, the GEMM with the gate in its
+  epilogue (only ``a`` is written; the jnp path where the kernel cannot be built);
+- ``interpret``: that kernel under the Pallas interpreter (CPU tests).
+
+Forward only: where the model is differentiated (the learner's online pass), the custom VJP's
+forward rule runs :func:`gated_reference` (the same products and gate call as ``reference``)
+and its backward is that function's VJP, so the gradients are the reference's. Undifferentiated
+passes (acting, the target network, evaluation) run the kernel. Equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxdqn.model.dense import affine, default_precision
+from pallas_kernels import kan_gate
+from pallas_kernels.gated import gated_kernel_available, gated_value_pallas
+
+__all__ = ["GATED", "GateSpec", "gate", "gated_reference", "gated_values"]
+
+GATED = ("reference", "pallas", "interpret")
+"""The resolved ``kernels.gated`` settings."""
+
+
+class GateSpec(NamedTuple):
+    """The static gate settings: M4 on (else the sigmoid), its grid, ``kernels.kan``."""
+
+    kan: bool
+    grid_min: float
+    grid_max: float
+    kan_backend: str
+
+
+def gate(g: Array, coeffs: Array | None, w_res: Array | None, spec: GateSpec) -> Array:
+    """M4's KAN gate of ``kernels.kan`` on the pre-activations ``g [B, F]`` (``coeffs [F, 8]``,
+    ``w_res [F]``), or GLU's sigmoid when M4 is off."""
+    if not spec.kan:
+        return jax.nn.sigmoid(g)
+    return kan_gate(
+        g, coeffs, w_res, grid_min=spec.grid_min, grid_max=spec.grid_max, backend=spec.kan_backend
+    )
+
+
+def gated_reference(x, w_u, w_g, b_u, b_g, coeffs, w_res, spec: GateSpec) -> Array:
+    """``u ⊙ gate(g)`` with ``[u | g] = x [W_u | W_g] + [b_u | b_g]`` (one :func:`affine`) and
+    :func:`gate`: the ``reference`` computation."""
+    f = w_u.shape[1]
+    pre = affine(x, jnp.concatenate([w_u, w_g], 1), jnp.concatenate([b_u, b_g]))
+    return pre[:, :f] * gate(pre[:, f:], coeffs, w_res, spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _gated(x, w_u, w_g, b_u, b_g, coeffs, w_res, spec, interpret, bf16):
+    return gated_value_pallas(
+        x,
+        w_u,
+        w_g,
+        b_u,
+        b_g,
+        coeffs,
+        w_res,
+        grid_min=spec.grid_min,
+        grid_max=spec.grid_max,
+        bf16=bf16,
+        interpret=interpret,
+    ).astype(x.dtype)
+
+
+def _gated_fwd(x, w_u, w_g, b_u, b_g, coeffs, w_res, spec, interpret, bf16):
+    # Differentiated: the reference's forward, and its VJP (a pytree of residuals) kept.
+    reference = functools.partial(gated_reference, spec=spec)
+    return jax.vjp(reference, x, w_u, w_g, b_u, b_g, coeffs, w_res)
+
+
+def _gated_bwd(spec, interpret, bf16, vjp, g):
+    return vjp(g)
+
+
+_gated.defvjp(_gated_fwd, _gated_bwd)
+
+
+def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl: str) -> Array:
+    """``a [B, m·AH]`` for the m branches' parameter dicts ``branches`` (each with
+    ``"value"``, ``"gate"`` = (kernel, bias) and, with M4, ``"kan"`` = (coeffs, w_res); a
+    kernel's first ``K`` rows are used) on ``x [B, K]``, by ``impl`` (``pallas`` or
+    ``interpret``; module docstring)."""
+    if impl not in GATED[1:]:
+        raise ValueError(f"kernels.gated: {impl!r} is not one of {GATED[1:]}")
+    k = x.shape[1]
+    side_by_side = lambda path: jnp.concatenate([p[path][0][:k] for p in branches], 1)
+    stacked = lambda path, i: jnp.concatenate([p[path][i] for p in branches], 0)
+    w_u, w_g = side_by_side("value"), side_by_side("gate")
+    b_u, b_g = stacked("value", 1), stacked("gate", 1)
+    coeffs, w_res = (stacked("kan", 0), stacked("kan", 1)) if spec.kan else (None, None)
+    bf16 = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+    args = (x, w_u, w_g, b_u, b_g, coeffs, w_res)
+    if impl == "pallas" and not gated_kernel_available(k, w_u.shape[1], spec.kan, bf16):
+        return gated_reference(*args, spec)
+    return _gated(*args, spec, impl == "interpret", bf16)
