@@ -69,31 +69,29 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
         resolve(cfg, _Market(_closes()), Shards(axis="data", count=3))
 
 
-def test_m3_kernels_gated_resolves_auto_to_reference_and_needs_the_fused_branches():
+@pytest.mark.parametrize(
+    "name,rule,default,choices",
+    [
+        ("heads", head_kernels, "blockdiag", ("split", "pallas", "interpret")),
+        ("gated", gated_kernels, "reference", ("pallas", "interpret")),
+    ],
+    ids=["m6_heads", "m3_m4_gated"],
+)
+def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fused_branches(
+    name, rule, default, choices
+):
+    """kernels.heads (M6) and kernels.gated (M3 + M4): auto is the measured default; the other
+    choices need the fused branches (an error with kernels.fused=reference, the default where
+    kernels.fused=auto picks the per-branch modules: the CPU)."""
     for fused in ("auto", "fused", "reference"):
-        assert gated_kernels("auto", fused) == gated_kernels("reference", fused) == "reference"
-    for setting in ("pallas", "interpret"):
-        assert gated_kernels(setting, "fused") == setting
-        assert gated_kernels(setting, "auto") == "reference"  # the CPU's per-branch modules
-        with pytest.raises(ConfigError, match=f"kernels.gated={setting} needs the fused"):
-            gated_kernels(setting, "reference")
+        assert rule("auto", fused) == rule(default, fused) == default
+    for setting in choices:
+        assert rule(setting, "fused") == setting
+        assert rule(setting, "auto") == default  # the CPU's per-branch modules
+        with pytest.raises(ConfigError, match=f"kernels.{name}={setting} needs the fused"):
+            rule(setting, "reference")
     cfg = Config()
-    kernels = dataclasses.replace(cfg.kernels, gated="interpret", fused="fused")
+    kernels = dataclasses.replace(cfg.kernels, fused="fused", **{name: choices[-1]})
     r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
-    assert (r.fused, r.heads, r.gated) == (True, "blockdiag", "interpret")
-    assert resolve(cfg, _Market(_closes())).gated == "reference"
-
-
-def test_m6_kernels_heads_resolves_auto_to_blockdiag_and_needs_the_fused_branches():
-    for fused in ("auto", "fused", "reference"):
-        assert head_kernels("auto", fused) == head_kernels("blockdiag", fused) == "blockdiag"
-    for setting in ("split", "pallas", "interpret"):
-        assert head_kernels(setting, "fused") == setting
-        # kernels.fused=auto on the CPU: the per-branch modules, nothing to pick
-        assert head_kernels(setting, "auto") == "blockdiag"
-        with pytest.raises(ConfigError, match=f"kernels.heads={setting} needs the fused"):
-            head_kernels(setting, "reference")
-    cfg = Config()
-    kernels = dataclasses.replace(cfg.kernels, heads="split", fused="fused")
-    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
-    assert (r.fused, r.heads, r.statistics) == (True, "split", "reference")
+    assert (r.fused, getattr(r, name), r.statistics) == (True, choices[-1], "reference")
+    assert getattr(resolve(cfg, _Market(_closes())), name) == default

@@ -176,13 +176,19 @@ def head_kernels(setting: str, fused_setting: str) -> str:
     Raises:
       ConfigError: ``split``, ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
     """
+    return _fused_setting("heads", setting, "blockdiag", fused_setting)
+
+
+def _fused_setting(name: str, setting: str, default: str, fused_setting: str) -> str:
+    """``kernels.<name>``, a choice only the fused branches make: ``default`` for ``auto`` or
+    without them, an error for another choice under ``kernels.fused=reference``."""
     if setting == "auto" or not fused_kernels(fused_setting):
-        if setting not in ("auto", "blockdiag") and fused_setting == "reference":
+        if setting not in ("auto", default) and fused_setting == "reference":
             raise ConfigError(
-                f"kernels.heads={setting} needs the fused branches; kernels.fused=reference "
+                f"kernels.{name}={setting} needs the fused branches; kernels.fused=reference "
                 "computes one module per branch"
             )
-        return "blockdiag"
+        return default
     return setting
 
 
@@ -195,14 +201,7 @@ def gated_kernels(setting: str, fused_setting: str) -> str:
     Raises:
       ConfigError: ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
     """
-    if setting == "auto" or not fused_kernels(fused_setting):
-        if setting not in ("auto", "reference") and fused_setting == "reference":
-            raise ConfigError(
-                f"kernels.gated={setting} needs the fused branches; kernels.fused=reference "
-                "computes one module per branch"
-            )
-        return "reference"
-    return setting
+    return _fused_setting("gated", setting, "reference", fused_setting)
 
 
 def statistics_kernels(setting: str) -> str:
