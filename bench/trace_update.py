@@ -51,7 +51,7 @@ CLASSES = (
     ("sort", r"sort"),
     ("scatter/gather", r"scatter|gather"),
     ("reduction", r"reduce"),
-    ("Pallas/Triton", r"triton|pallas|kan|projection"),
+    ("Pallas/Triton", r"triton|pallas|kan|projection|gated_value|dueling_heads|statistics"),
     ("fusion (loop/input)", r"fusion|loop_|input_|wrapped_"),
 )
 
