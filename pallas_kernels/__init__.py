@@ -2,11 +2,13 @@
 
 P1 `c51_project`: C51 categorical projection (Triton "pull" kernel, no atomics).
 P2 `kan_gate`: KAN cubic B-spline gate, forward and backward kernels under a custom_vjp.
+M3 + M4 `gated.gated_value_pallas`: the value/gate GEMM with the KAN (or sigmoid) gate in its
+epilogue, forward only (jaxdqn's `kernels.gated=pallas` differentiates through its reference).
 M6 `dueling_heads`: several branches' dueling C51 heads, forward and backward kernels under a
 custom_vjp (jaxdqn's `kernels.heads=pallas`).
 M7 `c51_statistics_pallas`: softmax, E[Z], Var[Z] and quantiles of C51 logits in one pass,
 forward only (jaxdqn's `kernels.statistics=pallas` differentiates through its jnp reference).
-All take backend in {"auto", "pallas", "interpret", "reference"}.
+The kernels with a `backend` argument take one of {"auto", "pallas", "interpret", "reference"}.
 """
 
 from pallas_kernels._backend import BACKENDS, fallbacks
