@@ -43,6 +43,14 @@ def compiler_params(num_warps: int, num_stages: int | None = None) -> pl_triton.
     return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def tile_dot(x: jax.Array, y: jax.Array, contract, bf16: bool) -> jax.Array:
+    """A tile product inside a kernel, contracting the axes ``contract`` = ((x's,), (y's,)):
+    JAX's float32 default (TF32 on an H100/H200) or, with ``bf16``, bfloat16 operands and
+    float32 accumulation."""
+    precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if bf16 else None
+    return jax.lax.dot_general(x, y, (contract, ((), ())), precision=precision)
+
+
 def kernel_available(key: Hashable, build: Callable[[], object]) -> bool:
     """Build (lower, compile, run once on zeros) a kernel configuration once per process.
 

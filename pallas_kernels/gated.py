@@ -36,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
+from pallas_kernels._backend import tile_dot
 from pallas_kernels.kan import NUM_BASES, kan_gate_reference, load_gate_params, spline_gate_tile
 
 __all__ = [
@@ -96,11 +97,6 @@ def gated_value_reference(
     return u * kan_gate_reference(g, coeffs, w_res, grid_min=grid_min, grid_max=grid_max)
 
 
-def _dot(x, y, bf16):
-    precision = lax.DotAlgorithmPreset.BF16_BF16_F32 if bf16 else None
-    return lax.dot_general(x, y, (((1,), (0,)), ((), ())), precision=precision)
-
-
 def _kernel(x_ref, wu_ref, wg_ref, bu_ref, bg_ref, *rest, bm, bn, bk, kan, lo, hi, bf16):
     o_ref = rest[-1]
     num_rows, num_k = x_ref.shape
@@ -118,7 +114,8 @@ def _kernel(x_ref, wu_ref, wg_ref, bu_ref, bg_ref, *rest, bm, bn, bk, kan, lo, h
         w_idx, w_mask = (ks[:, None], cols[None, :]), k_ok[:, None] & col_ok[None, :]
         wu = pl_triton.load(wu_ref.at[w_idx], mask=w_mask, other=0.0)
         wg = pl_triton.load(wg_ref.at[w_idx], mask=w_mask, other=0.0)
-        return accs[0] + _dot(xt, wu, bf16), accs[1] + _dot(xt, wg, bf16)
+        dot = lambda w: tile_dot(xt, w, ((1,), (0,)), bf16)
+        return accs[0] + dot(wu), accs[1] + dot(wg)
 
     zeros = jnp.zeros((bm, bn), jnp.float32)
     u, g = lax.fori_loop(0, pl.cdiv(num_k, bk), body, (zeros, zeros))
@@ -182,8 +179,6 @@ def gated_kernel_available(
 ) -> bool:
     """Whether the Triton kernel builds here for ``K``, ``F`` and the gate kind (probed once per
     process; one warning and False where it cannot, :func:`pallas_kernels._backend`)."""
-    if jax.default_backend() != "gpu":
-        return False
 
     def build():
         rows = 2 * blocks[0] + 3  # ragged rows

@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
+from pallas_kernels._backend import tile_dot
 
 __all__ = [
     "DEFAULT_HEAD_BLOCKS",
@@ -143,11 +144,6 @@ def _pad_atoms(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def _dot(x, y, contract, bf16):
-    precision = lax.DotAlgorithmPreset.BF16_BF16_F32 if bf16 else None
-    return lax.dot_general(x, y, (contract, ((), ())), precision=precision)
-
-
 def _load_cotangent(g_ref, rows, row_ok, branch, atoms, n, actions):
     """The head-output cotangent ``[dv, dA_0, …]`` of rows × padded atoms from ``g`` (zero
     outside ``rows < B``, ``atoms < N``)."""
@@ -188,7 +184,7 @@ def _fwd_kernel(a_ref, w_ref, b_ref, o_ref, *, bm, bk, n, num_k, actions, bf16):
                 mask=k_ok[:, None] & atom_ok[None, :],
                 other=0.0,
             )
-            new.append(accs[s] + _dot(x, wt, ((1,), (0,)), bf16))
+            new.append(accs[s] + tile_dot(x, wt, ((1,), (0,)), bf16))
         return tuple(new)
 
     zeros = jnp.zeros((bm, _pad_atoms(n)), jnp.float32)
@@ -222,7 +218,7 @@ def _da_kernel(g_ref, w_ref, da_ref, *, bm, bn, n, num_k, actions, bf16):
             mask=k_ok[:, None] & (atoms < n)[None, :],
             other=0.0,
         )
-        acc = acc + _dot(d[s], wt, ((1,), (1,)), bf16)  # d_s W_sᵀ
+        acc = acc + tile_dot(d[s], wt, ((1,), (1,)), bf16)  # d_s W_sᵀ
     cols = branch * num_k + ks
     pl_triton.store(
         da_ref.at[rows[:, None], cols[None, :]], acc, mask=row_ok[:, None] & k_ok[None, :]
@@ -247,7 +243,7 @@ def _dw_kernel(a_ref, g_ref, dw_ref, db_ref, *, ba, br, steps, n, num_k, actions
             other=0.0,
         )
         d = _load_cotangent(g_ref, rows, row_ok, branch, atoms, n, actions)
-        dw = [accs[s] + _dot(x, d[s], ((0,), (0,)), bf16) for s in range(groups)]  # xᵀ d_s
+        dw = [accs[s] + tile_dot(x, d[s], ((0,), (0,)), bf16) for s in range(groups)]  # xᵀ d_s
         db = [accs[groups + s] + jnp.sum(d[s], axis=0) for s in range(groups)]
         return (*dw, *db)
 

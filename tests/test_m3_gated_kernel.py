@@ -114,7 +114,11 @@ def test_m3_gated_kernel_refuses_bad_shapes_and_blocks():
         gated_value_pallas(*args[:6], None, interpret=True)
     with pytest.raises(ValueError, match="powers of two"):
         GatedBlocks(48, 64, 32)
-    assert not gated_kernel_available(16, 16, True) or jax.default_backend() == "gpu"
+    if jax.default_backend() == "gpu":
+        assert gated_kernel_available(16, 16, True)
+    else:  # no Triton here: one warning, False, and the model runs its reference
+        with pytest.warns(RuntimeWarning, match="gated_value"):
+            assert not gated_kernel_available(16, 16, True)
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["f32", "bf16"])

@@ -309,11 +309,11 @@ class Network(nn.Module):
             )()
             for key in BRANCH_KEYS  # creation order of the per-branch modules
         }
-        kernels = [prm[k][path][0][:sh2] for path, k in cols]
-        biases = [prm[k][path][1] for path, k in cols]
         spec = gated_lib.GateSpec(c.kan, c.kan_grid_min, c.kan_grid_max, self.kan_backend)
-        # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
-        pre = affine(h_m, jnp.concatenate(kernels, 1), jnp.concatenate(biases))
+        if self.gated_kernels == "reference":
+            # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
+            w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
+            pre = affine(h_m, w, jnp.concatenate([prm[k][path][1] for path, k in cols]))
 
         def gate(x: Array, keys: tuple[str, ...]) -> Array:
             """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
