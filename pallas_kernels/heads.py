@@ -161,11 +161,11 @@ def _load_cotangent(g_ref, rows, row_ok, branch, atoms, n, actions):
     return [total] + [gj - total * (1.0 / actions) for gj in gs]
 
 
-def _fwd_kernel(a_ref, w_ref, b_ref, o_ref, *, bm, bk, n, num_k, actions, bf16):
-    num_rows = a_ref.shape[0]
-    pid_r, branch = pl.program_id(0), pl.program_id(1)
-    rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
-    row_ok = rows < num_rows
+def head_tiles(a_ref, w_ref, b_ref, rows, row_ok, branch, *, bk, n, num_k, actions, bf16):
+    """The dueling logits of one branch for a tile of rows: ``A`` tiles ``[bm, NP]``
+    (``v + A_j − mean_i A_i``, padded atoms hold garbage), from ``[bm, bk] × [bk, NP]``
+    products over K for each of the 1 + A column groups plus their biases. Shared by the
+    forward kernel here and the acting kernel of :mod:`pallas_kernels.head_statistics`."""
     atoms = jnp.arange(_pad_atoms(n), dtype=jnp.int32)
     atom_ok = atoms < n
 
@@ -187,19 +187,30 @@ def _fwd_kernel(a_ref, w_ref, b_ref, o_ref, *, bm, bk, n, num_k, actions, bf16):
             new.append(accs[s] + tile_dot(x, wt, ((1,), (0,)), bf16))
         return tuple(new)
 
-    zeros = jnp.zeros((bm, _pad_atoms(n)), jnp.float32)
+    zeros = jnp.zeros((rows.shape[0], _pad_atoms(n)), jnp.float32)
     accs = lax.fori_loop(0, pl.cdiv(num_k, bk), body, (zeros,) * (actions + 1))
     outs = [
         accs[s] + pl_triton.load(b_ref.at[branch, s * n + atoms], mask=atom_ok, other=0.0)[None, :]
         for s in range(actions + 1)
     ]
     mean = functools.reduce(jnp.add, outs[1:]) * (1.0 / actions)
-    mask = row_ok[:, None] & atom_ok[None, :]
+    return [outs[0] + outs[j + 1] - mean for j in range(actions)]
+
+
+def _fwd_kernel(a_ref, w_ref, b_ref, o_ref, *, bm, bk, n, num_k, actions, bf16):
+    num_rows = a_ref.shape[0]
+    pid_r, branch = pl.program_id(0), pl.program_id(1)
+    rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = rows < num_rows
+    atoms = jnp.arange(_pad_atoms(n), dtype=jnp.int32)
+    logits = head_tiles(
+        a_ref, w_ref, b_ref, rows, row_ok, branch,
+        bk=bk, n=n, num_k=num_k, actions=actions, bf16=bf16,
+    )  # fmt: skip
+    mask = row_ok[:, None] & (atoms < n)[None, :]
     for j in range(actions):
         cols = (branch * actions + j) * n + atoms
-        pl_triton.store(
-            o_ref.at[rows[:, None], cols[None, :]], outs[0] + outs[j + 1] - mean, mask=mask
-        )
+        pl_triton.store(o_ref.at[rows[:, None], cols[None, :]], logits[j], mask=mask)
 
 
 def _da_kernel(g_ref, w_ref, da_ref, *, bm, bn, n, num_k, actions, bf16):

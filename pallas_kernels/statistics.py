@@ -10,11 +10,18 @@ Math, per row of N logits ``x`` on the support ``z_i = v_min + i·Δz`` (the jnp
     Q(τ) = v_min + Δz·(k − 1 + clip((τ − F_{k−1}) / max(F_k − F_{k−1}, tiny), 0, 1))  (k > 0),
     Q(τ) = v_min                                                                   (k = 0).
 
+The kernel computes the atom position of Q(τ) as ``Σ_{i=1}^{N−1} clip((τ − F_{i−1}) / p_i, 0,
+1)`` (``p_i`` floored at the smallest normal float): every term below ``k`` is 1 (there
+``F_i < τ``, so ``τ − F_{i−1} > p_i``), the term at ``k`` is the interpolation fraction, every
+term above it is 0 (``F_{i−1} ≥ F_k ≥ τ``); with no ``F_i ≥ τ`` (rounding) all N − 1 terms are
+1, the reference's ``k = N − 1`` with fraction 1. One elementwise pass and one lane sum per
+level, where the count and the picks of ``F_k``, ``F_{k−1}`` took three.
+
 Why a kernel. For acting at E = 65,536 environments the [E, 4, 3, 51] logits are 160 MB, and
 the jnp chain (max, exp-sum, normalise, the index moments, the cumulative sum, the level
 counts and the two gathers of the quantiles) passes over that size several times; the kernel
-reads the logits once and writes five numbers per row. ``F_k`` and ``F_{k−1}`` are picked by
-masked lane sums (no gathers); atoms are padded to a power of two (≥ 16) by masked loads.
+reads the logits once and writes five numbers per row (no gathers); atoms are padded to a
+power of two (≥ 16) by masked loads.
 """
 
 from __future__ import annotations
@@ -29,7 +36,12 @@ from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
 
-__all__ = ["DEFAULT_STAT_ROWS", "c51_statistics_pallas", "statistics_kernel_available"]
+__all__ = [
+    "DEFAULT_STAT_ROWS",
+    "c51_statistics_pallas",
+    "row_statistics",
+    "statistics_kernel_available",
+]
 
 DEFAULT_STAT_ROWS = 64
 DEFAULT_STAT_WARPS = 4
@@ -39,37 +51,49 @@ def _pad(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def row_statistics(x, lane_ok, levels: tuple[float, ...]):
+    """The statistics of ``softmax(x)`` per row of a tile, in atom-index units: ``(E[i] [R],
+    E[i²] − E[i]² [R] (≥ 0), [position of Q(τ) [R] for τ in levels])`` for ``x [R, NP]`` whose
+    lanes outside ``lane_ok [1, NP]`` are ignored (math in the module docstring). Rows of
+    ``−inf`` give NaN; callers mask their stores. Shared by this kernel and the heads' (M6 + M7)
+    acting kernel of :mod:`pallas_kernels.head_statistics`."""
+    lanes = jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+    x = jnp.where(lane_ok, x, -jnp.inf)
+    top = jnp.max(x, axis=1, keepdims=True)
+    e = jnp.where(lane_ok, jnp.exp(x - top), 0.0)
+    p = e / jnp.sum(e, axis=1, keepdims=True)
+    idx = lanes.astype(jnp.float32)
+    mean_i = jnp.sum(p * idx, axis=1)
+    var_i = jnp.maximum(jnp.sum(p * idx * idx, axis=1) - mean_i * mean_i, 0.0)
+    cdf = jnp.cumsum(p, axis=1)
+    # Q(τ)'s atom position as one masked lane sum per level (no count, no picks of F_k and
+    # F_{k−1}): Σ_{i≥1} clip((τ − F_{i−1}) / p_i, 0, 1) is 1 for every atom below k, the
+    # interpolation fraction at k and 0 above it (module docstring).
+    inv = 1.0 / jnp.maximum(p, float(np.finfo(np.float32).tiny))
+    prev = cdf - p
+    interior = lane_ok & (lanes >= 1)
+    positions = [
+        jnp.sum(jnp.where(interior, jnp.clip((tau - prev) * inv, 0.0, 1.0), 0.0), axis=1)
+        for tau in levels
+    ]
+    return mean_i, var_i, positions
+
+
 def _kernel(x_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, *, block_rows, n, levels):
     num_rows = x_ref.shape[0]
     rows = pl.program_id(0) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
     row_ok = rows < num_rows
     lanes = jnp.arange(_pad(n), dtype=jnp.int32)
     lane_ok = (lanes < n)[None, :]
-    mask = row_ok[:, None] & lane_ok
-    x = pl_triton.load(x_ref.at[rows[:, None], lanes[None, :]], mask=mask, other=-jnp.inf)
-    x = jnp.where(lane_ok, x, -jnp.inf)  # padded lanes of valid rows
-    top = jnp.max(x, axis=1, keepdims=True)
-    top = jnp.where(row_ok[:, None], top, 0.0)  # rows past the end: no inf − inf
-    e = jnp.where(lane_ok, jnp.exp(x - top), 0.0)
-    p = e / jnp.sum(e, axis=1, keepdims=True)
-    idx = lanes.astype(jnp.float32)[None, :]
-    mean_i = jnp.sum(p * idx, axis=1)
-    mean_i2 = jnp.sum(p * idx * idx, axis=1)
+    x = pl_triton.load(
+        x_ref.at[rows[:, None], lanes[None, :]], mask=row_ok[:, None] & lane_ok, other=0.0
+    )
+    mean_i, var_i, positions = row_statistics(x, lane_ok, levels)
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
     pl_triton.store(mean_ref.at[rows], v_min + dz * mean_i, mask=row_ok)
-    var = dz * dz * jnp.maximum(mean_i2 - mean_i * mean_i, 0.0)
-    pl_triton.store(var_ref.at[rows], var, mask=row_ok)
-    cdf = jnp.cumsum(p, axis=1)
-    tiny = float(np.finfo(np.float32).tiny)
-    for j, tau in enumerate(levels):
-        below = jnp.where(lane_ok & (cdf < tau), 1, 0)
-        k = jnp.minimum(jnp.sum(below, axis=1), n - 1)[:, None]
-        f_k = jnp.sum(jnp.where(lanes[None, :] == k, cdf, 0.0), axis=1)
-        f_prev = jnp.sum(jnp.where(lanes[None, :] == k - 1, cdf, 0.0), axis=1)
-        frac = (tau - f_prev) / jnp.maximum(f_k - f_prev, tiny)
-        kk = k[:, 0]
-        pos = jnp.where(kk > 0, (kk - 1).astype(jnp.float32) + jnp.clip(frac, 0.0, 1.0), 0.0)
+    pl_triton.store(var_ref.at[rows], dz * dz * var_i, mask=row_ok)
+    for j, pos in enumerate(positions):
         pl_triton.store(q_ref.at[rows, j], v_min + dz * pos, mask=row_ok)
 
 

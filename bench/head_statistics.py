@@ -1,0 +1,124 @@
+"""M6 + M7 for acting, alone: the heads' product, logits and M7 as the model computes them
+(``kernels.heads`` × ``kernels.statistics``) against one Pallas kernel that keeps the logits in
+registers and writes only E[Z], Var[Z] and the quantiles (pallas_kernels/head_statistics.py).
+
+    PYTHONPATH=. python bench/head_statistics.py            # on the GPU; a markdown table last
+    PYTHONPATH=. python bench/head_statistics.py --smoke    # tiny shapes, interpret mode
+
+Shapes: the three branches the fused model computes together (m = 3, K = AH = 256, N = 51) and
+magnitude's call under M5 (m = 1) at acting's E = 65,536 rows (configs/gpu.yaml's population of
+16 × 4,096 environments, and issue 33's acting size), and m = 3 at 4,096 rows (one run's acting).
+Every variant returns (E[Z], Var[Z], quantiles) only, so XLA drops what they do not need.
+Timing: ``bench/kernels.py``'s chained-difference method (medians); rel. error of the
+quantiles against the first row (XLA, reference M7) in float32 at the default precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+
+from bench.kernels import n_sets, rel, time_op
+from jaxdqn.model import distribution
+from jaxdqn.model.heads import branch_heads
+from pallas_kernels import fallbacks
+from pallas_kernels.head_statistics import HeadStatBlocks, head_statistics_pallas
+
+ACTIONS, ATOMS = 3, 51
+LEVELS = tuple(distribution.QUANTILE_LEVELS)
+
+
+def inputs(key, rows, m, k):
+    ka, kw, kb, kv = jax.random.split(key, 4)
+    a = jax.random.normal(ka, (rows, m * k))
+    w = jax.random.normal(kw, (m, k, (1 + ACTIONS) * ATOMS)) / np.sqrt(k)
+    b = 0.1 * jax.random.normal(kb, (m, (1 + ACTIONS) * ATOMS))
+    v_min = jax.random.uniform(kv, (rows,), minval=-2.0, maxval=-1.0)
+    return a, w, b, v_min, 4.0 / (ATOMS - 1) + 0.0 * v_min
+
+
+def model_path(heads: str, statistics: str):
+    """The model's path: ``branch_heads`` → logits ``[B, m, 3, N]`` → M7."""
+
+    def fn(a, w, b, v_min, delta_z):
+        logits = branch_heads(a, list(w), list(b), heads)
+        vm, dz = v_min[:, None, None], delta_z[:, None, None]
+        _, mean, var, quant = distribution.statistics_of_logits(logits, vm, dz, statistics)
+        return mean, var, quant
+
+    return fn
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args(argv)
+    smoke, reps = args.smoke, 2 if args.smoke else args.reps
+    dev = jax.devices()[0]
+    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
+    shapes = [(40, 3, 24)] if smoke else [(65536, 3, 256), (65536, 1, 256), (4096, 3, 256)]
+    paths = [("XLA heads (blockdiag) + M7 reference", model_path("blockdiag", "reference"))]
+    if not smoke:
+        paths += [
+            ("XLA heads (blockdiag) + M7 scan", model_path("blockdiag", "scan")),
+            ("XLA heads (split) + M7 reference", model_path("split", "reference")),
+            ("Pallas heads + Pallas M7", model_path("pallas", "pallas")),
+        ]
+    tilings = [HeadStatBlocks(16, 16, 4)] if smoke else [
+        HeadStatBlocks(32, 32, 4), HeadStatBlocks(16, 32, 4), HeadStatBlocks(16, 32, 2),
+        HeadStatBlocks(64, 32, 4), HeadStatBlocks(64, 32, 8), HeadStatBlocks(32, 64, 4),
+        HeadStatBlocks(32, 32, 8),
+    ]  # fmt: skip
+    table = []
+    for rows, m, k in shapes:
+        size = f"{rows}×{m}×{k}"
+        sets = [
+            inputs(kk, rows, m, k)
+            for kk in jax.random.split(jax.random.key(rows + m), 2 * n_sets(4 * rows * m * k))
+        ]
+        want, ref_us = None, None
+        candidates = list(paths) + [
+            (
+                f"fused kernel bm={t.bm} bk={t.bk} w={t.warps}",
+                functools.partial(
+                    head_statistics_pallas,
+                    actions=ACTIONS,
+                    levels=LEVELS,
+                    blocks=t,
+                    interpret=smoke,
+                ),
+            )
+            for t in tilings
+        ]
+        for name, fn in candidates:
+            try:
+                us = time_op(fn, sets, reps) * 1e6
+                out = jax.jit(fn)(*sets[0])
+            except Exception as e:  # a tiling Triton refuses: report it, go on
+                print(f"  {name}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+                continue
+            if want is None:
+                want, ref_us = [np.asarray(x) for x in out], us
+            errs = [rel(jnp.reshape(g, w.shape), w) for g, w in zip(out, want, strict=True)]
+            table.append((size, name, us, ref_us / us, max(errs)))
+            print(table[-1], flush=True)
+        del sets
+    if fallbacks():
+        print("fallbacks:", fallbacks())
+    print("\n| rows × m × K | implementation | µs | speed-up | max rel. error (E, Var, Q) |")
+    print("|---|---|---:|---:|---:|")
+    for size, name, us, speed, err in table:
+        print(f"| {size} | {name} | {us:.1f} | {speed:.2f}× | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""M6 + M7 for acting: the dueling C51 heads with the return distribution's statistics in the
+epilogue, as one Pallas Triton kernel that writes E[Z], Var[Z] and the quantiles of every
+(branch, action), and never the logits (forward only).
+
+Math. For branch k's features ``a_k [B, K]`` (the columns ``k·K … (k+1)·K − 1`` of ``a``), head
+matrix ``W_k [K, (1+A)·N]`` and bias ``b_k``: ``o = a_k W_k + b_k = [v | A_0 | …]``, logits
+``x_j = v + A_j − (1/A) Σ_i A_i`` (:mod:`pallas_kernels.heads`), then per row and action, on
+the support ``z_i = v_min + i·Δz`` of that row (:mod:`pallas_kernels.statistics`):
+
+    p = softmax(x_j),  E[Z] = v_min + Δz·E[i],  Var[Z] = Δz²·(E[i²] − E[i]²),
+    Q(τ) = v_min + Δz·Σ_{i≥1} clip((τ − F_{i−1}) / p_i, 0, 1),   F_i = Σ_{l≤i} p_l.
+
+Why. Acting (A1–A3) and the M5 conditioning read only these statistics, yet computed as the
+heads' product and then M7 the ``[E, 4, 3, N]`` logits (160 MB at E = 65,536) are written,
+stacked, read by the softmax and by each of M7's reductions (on the H200 trace of acting, the
+logits stack, the softmax and M7 took ~1 ms of a 3.3 ms step). Here each program keeps its
+logits tiles in registers and writes ``(2 + L)`` numbers per (row, branch, action).
+
+Grid ``(⌈B/bm⌉, m)``, like the heads' forward kernel (its product code is shared:
+:func:`pallas_kernels.heads.head_tiles`); the statistics are those of the M7 kernel
+(:func:`pallas_kernels.statistics.row_statistics`). No gradient: the learner's differentiated
+pass keeps the logits.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from pallas_kernels import _backend
+from pallas_kernels.heads import _check, _pad_atoms, dueling_heads_reference, head_tiles
+from pallas_kernels.statistics import row_statistics
+
+__all__ = [
+    "DEFAULT_HEAD_STAT_BLOCKS",
+    "HeadStatBlocks",
+    "HeadStatistics",
+    "head_statistics_available",
+    "head_statistics_pallas",
+    "head_statistics_reference",
+]
+
+
+class HeadStatBlocks(NamedTuple):
+    """Static tiling: ``bm`` rows and ``bk`` inputs per step of the product, ``warps``. The
+    1 + A accumulators ``[bm, NP]`` of a program are those of the heads' forward kernel, whose
+    default (32, 32, 4) this copies; the epilogue's statistics add the same number of live
+    ``[bm, NP]`` values once per action."""
+
+    bm: int = 32
+    bk: int = 32
+    warps: int = 4
+
+
+DEFAULT_HEAD_STAT_BLOCKS = HeadStatBlocks()
+
+
+class HeadStatistics(NamedTuple):
+    """E[Z] ``[B, m, A]``, Var[Z] ``[B, m, A]`` and quantiles ``[B, m, A, L]``."""
+
+    mean: jax.Array
+    var: jax.Array
+    quantiles: jax.Array
+
+
+def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **kw):
+    bm, n, actions, levels = kw.pop("bm"), kw["n"], kw["actions"], kw.pop("levels")
+    num_rows = a_ref.shape[0]
+    pid_r, branch = pl.program_id(0), pl.program_id(1)
+    rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = rows < num_rows
+    logits = head_tiles(a_ref, w_ref, b_ref, rows, row_ok, branch, **kw)
+    lane_ok = (jnp.arange(_pad_atoms(n), dtype=jnp.int32) < n)[None, :]
+    v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
+    dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
+    for j in range(actions):
+        col = branch * actions + j
+        # Rows past B load zeros: finite logits, statistics discarded by the store masks.
+        mean_i, var_i, positions = row_statistics(logits[j], lane_ok, levels)
+        pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
+        pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
+        for level, pos in enumerate(positions):
+            at = q_ref.at[rows, col * len(levels) + level]
+            pl_triton.store(at, v_min + dz * pos, mask=row_ok)
+
+
+def head_statistics_pallas(
+    a: jax.Array,
+    w: jax.Array,
+    b: jax.Array,
+    v_min: jax.Array,
+    delta_z: jax.Array,
+    *,
+    actions: int,
+    levels: tuple[float, ...],
+    blocks: HeadStatBlocks = DEFAULT_HEAD_STAT_BLOCKS,
+    bf16: bool = False,
+    interpret: bool = False,
+) -> HeadStatistics:
+    """The statistics of the m dueling heads' distributions: float32 ``a [B, m·K]``,
+    ``w [m, K, (1+A)·N]``, ``b [m, (1+A)·N]``, per-row supports ``v_min [B]``, ``delta_z [B]``,
+    static quantile ``levels`` → :class:`HeadStatistics` (math in the module docstring).
+    ``bf16``: bfloat16 operands, float32 accumulation in the product (TF32 otherwise)."""
+    m, k, n = _check(a, w, b, actions)
+    num_rows = a.shape[0]
+    if v_min.shape != (num_rows,) or delta_z.shape != (num_rows,):
+        raise ValueError(
+            f"head_statistics: v_min and delta_z must be [B] = [{num_rows}], got "
+            f"{v_min.shape} and {delta_z.shape}"
+        )
+    bm, bk, warps = HeadStatBlocks(*blocks)
+    for v in (bm, bk):
+        if v & (v - 1) or v < 16:
+            raise ValueError(f"head_statistics: block sizes must be powers of two >= 16, got {v}")
+    levels = tuple(float(t) for t in levels)
+    kernel = functools.partial(
+        _kernel, bm=bm, bk=bk, n=n, num_k=k, actions=actions, bf16=bf16, levels=levels
+    )
+    f32 = jnp.float32
+    per_row = jax.ShapeDtypeStruct((num_rows, m * actions), f32)
+    mean, var, quant = pl.pallas_call(
+        kernel,
+        out_shape=(
+            per_row,
+            per_row,
+            jax.ShapeDtypeStruct((num_rows, m * actions * len(levels)), f32),
+        ),
+        grid=(pl.cdiv(num_rows, bm), m),
+        compiler_params=_backend.compiler_params(warps),
+        interpret=interpret,
+        name="head_statistics",
+    )(a.astype(f32), w.astype(f32), b.astype(f32), v_min.astype(f32), delta_z.astype(f32))
+    shape = (num_rows, m, actions)
+    return HeadStatistics(
+        mean.reshape(shape), var.reshape(shape), quant.reshape(*shape, len(levels))
+    )
+
+
+def head_statistics_reference(
+    a: jax.Array,
+    w: jax.Array,
+    b: jax.Array,
+    v_min: jax.Array,
+    delta_z: jax.Array,
+    *,
+    actions: int,
+    levels: tuple[float, ...],
+) -> HeadStatistics:
+    """The same as jnp: :func:`dueling_heads_reference`, softmax, moments, and the quantiles
+    by the first atom whose CDF reaches τ (the definition, not the kernel's sum)."""
+    logits = dueling_heads_reference(a, w, b, actions)
+    n = logits.shape[-1]
+    p = jax.nn.softmax(logits, axis=-1)
+    idx = jnp.arange(n, dtype=p.dtype)
+    mean_i = jnp.sum(p * idx, -1)
+    var_i = jnp.maximum(jnp.sum(p * idx * idx, -1) - mean_i**2, 0.0)
+    cdf = jnp.cumsum(p, -1)
+    taus = jnp.asarray(levels, p.dtype)
+    k = jnp.minimum(jnp.sum(cdf[..., None, :] < taus[:, None], -1), n - 1)
+    f_k = jnp.take_along_axis(cdf, k, -1)
+    f_prev = jnp.where(k > 0, jnp.take_along_axis(cdf, jnp.maximum(k - 1, 0), -1), 0.0)
+    tiny = np.finfo(np.float32).tiny
+    frac = jnp.clip((taus - f_prev) / jnp.maximum(f_k - f_prev, tiny), 0.0, 1.0)
+    pos = jnp.where(k > 0, k - 1 + frac, 0.0)
+    vm, dz = v_min[:, None, None], delta_z[:, None, None]
+    return HeadStatistics(vm + dz * mean_i, dz * dz * var_i, vm[..., None] + dz[..., None] * pos)
+
+
+def head_statistics_available(
+    m: int, k: int, n: int, actions: int, levels: tuple[float, ...], bf16: bool = False
+) -> bool:
+    """Whether the kernel builds and runs here for these sizes (once per process; one warning
+    and False where it does not, so the caller computes the logits and M7 instead)."""
+
+    def build():
+        rows, f = 2 * DEFAULT_HEAD_STAT_BLOCKS.bm + 3, (actions + 1) * n  # ragged rows
+        a = np.linspace(-1.0, 1.0, rows * m * k, dtype=np.float32).reshape(rows, m * k)
+        w = np.linspace(-0.1, 0.1, m * k * f, dtype=np.float32).reshape(m, k, f)
+        ones = np.ones((rows,), np.float32)
+        fn = functools.partial(head_statistics_pallas, actions=actions, levels=levels, bf16=bf16)
+        jax.block_until_ready(jax.jit(fn)(a, w, np.zeros((m, f), np.float32), -ones, ones))
+
+    key = ("head_statistics", m, k, n, actions, tuple(levels), bf16)
+    return _backend.kernel_available(key, build)

@@ -1,0 +1,154 @@
+"""M6 + M7 for acting as one Pallas kernel (pallas_kernels/head_statistics.py): the dueling
+heads with E[Z], Var[Z] and the quantiles in the epilogue, no logits written.
+
+The kernel runs in interpret mode on the CPU; set JAXDQN_KERNEL_BACKEND=pallas on a GPU to run
+the same checks against the compiled Triton kernel. Lowering for CUDA (Pallas → Triton IR) is
+checked on the CPU at acting's size.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdqn.model import distribution as D
+from pallas_kernels.head_statistics import (
+    HeadStatBlocks,
+    head_statistics_available,
+    head_statistics_pallas,
+    head_statistics_reference,
+)
+
+BACKEND = os.environ.get("JAXDQN_KERNEL_BACKEND", "interpret")
+A, LEVELS = 3, tuple(D.QUANTILE_LEVELS)
+
+
+def _inputs(rows: int, m: int, k: int, n: int, seed: int, scale: float = 1.0):
+    ka, kw, kb, kv, kd = jax.random.split(jax.random.PRNGKey(seed), 5)
+    return (
+        jax.random.normal(ka, (rows, m * k)),
+        scale * jax.random.normal(kw, (m, k, (1 + A) * n)) / np.sqrt(k),
+        0.3 * jax.random.normal(kb, (m, (1 + A) * n)),
+        jax.random.uniform(kv, (rows,), minval=-2.0, maxval=-1.0),
+        jax.random.uniform(kd, (rows,), minval=0.05, maxval=0.2),
+    )
+
+
+SMALL = HeadStatBlocks(16, 16, 4)
+
+
+def _kernel(*args, blocks=SMALL, levels=LEVELS):
+    return head_statistics_pallas(
+        *args, actions=A, levels=levels, blocks=blocks, interpret=BACKEND == "interpret"
+    )
+
+
+def _by_hand(a, w, b, v_min, dz, levels=LEVELS):
+    """float64 numpy: each branch's product, the dueling combination, softmax, moments on the
+    support and numpy.interp of the CDF."""
+    a, w, b = (np.asarray(x, np.float64) for x in (a, w, b))
+    m, k, f = w.shape
+    n = f // (1 + A)
+    o = np.stack([a[:, i * k : (i + 1) * k] @ w[i] + b[i] for i in range(m)], 1)
+    v, adv = o[..., :n], o[..., n:].reshape(a.shape[0], m, A, n)
+    x = v[:, :, None] + adv - adv.mean(2, keepdims=True)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    z = np.asarray(v_min, np.float64)[:, None] + np.asarray(dz, np.float64)[:, None] * np.arange(n)
+    z = np.broadcast_to(z[:, None, None], p.shape)
+    mean = (p * z).sum(-1)
+    var = (p * z * z).sum(-1) - mean**2
+    cdf = np.cumsum(p, -1).reshape(-1, n)
+    quant = np.stack(
+        [np.interp(levels, c, zr) for c, zr in zip(cdf, z.reshape(-1, n), strict=True)]
+    )
+    return mean, var, quant.reshape(*mean.shape, len(levels))
+
+
+@pytest.mark.parametrize(
+    "rows,m,k,n",
+    [(37, 3, 40, 51), (70, 1, 24, 51), (16, 2, 259, 21), (33, 3, 16, 5)],
+    ids=str,
+)
+def test_m6_m7_head_statistics_kernel_equals_numpy(rows, m, k, n):
+    """Ragged rows and inputs (K = 259 is not a multiple of any block), any atom count."""
+    args = _inputs(rows, m, k, n, seed=rows + k)
+    with jax.default_matmul_precision("highest"):
+        got = _kernel(*args)
+    want = _by_hand(*args)
+    chex_shapes = [(rows, m, A), (rows, m, A), (rows, m, A, len(LEVELS))]
+    assert [tuple(g.shape) for g in got] == chex_shapes
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=2e-5)
+
+
+def test_m6_m7_head_statistics_kernel_equals_its_jnp_reference_at_default_precision():
+    """The kernel's products at the default precision, as the model's acting pass runs them,
+    and two tilings: the same statistics as the jnp reference (heads, softmax, definition-by-
+    count quantiles) to float rounding."""
+    args = _inputs(50, 3, 48, 51, seed=3, scale=3.0)
+    want = head_statistics_reference(*args, actions=A, levels=LEVELS)
+    for blocks in (SMALL, HeadStatBlocks(32, 32, 4)):
+        got = _kernel(*args, blocks=blocks)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=5e-5)
+
+
+def test_m6_m7_head_statistics_kernel_on_peaked_and_flat_distributions():
+    """A head whose logits put all mass on one atom (E[Z] is that atom's value: atoms 17, 17
+    and 40 here, the last moved by action 2's advantage) or spread it evenly (E[Z] is the
+    support's middle); every statistic as float64 numpy computes it, at other levels too."""
+    n, k, rows = 51, 16, 3
+    w = np.zeros((1, k, (1 + A) * n), np.float32)
+    b = np.zeros((1, (1 + A) * n), np.float32)
+    b[0, 17] = 80.0  # the value head: all three actions peak on atom 17 …
+    b[0, n + 2 * n + 40] = 200.0  # … except action 2, whose advantage moves it to atom 40
+    a = np.zeros((rows, k), np.float32)
+    v_min, dz = jnp.full((rows,), -1.0), jnp.full((rows,), 0.1)
+    levels = (0.05, 0.5, 0.95)
+    got = _kernel(a, w, b, v_min, dz, levels=levels)
+    want = _by_hand(a, w, b, v_min, dz, levels)
+    for g, wn in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), wn, atol=1e-5)
+    peaks = [-1 + 1.7, -1 + 1.7, -1 + 4.0]  # atoms 17, 17, 40
+    np.testing.assert_allclose(np.asarray(got.mean[0, 0]), peaks, atol=1e-5)
+    flat = _kernel(a, w, np.zeros_like(b), v_min, dz, levels=levels)
+    np.testing.assert_allclose(np.asarray(flat.mean), 1.5, atol=1e-5)  # −1 + 25·0.1
+    uniform = _by_hand(a, w, np.zeros_like(b), v_min, dz, levels)[2]
+    np.testing.assert_allclose(np.asarray(flat.quantiles), uniform, atol=1e-5)
+
+
+def test_m6_m7_head_statistics_kernel_refuses_bad_shapes_and_blocks():
+    a, w, b, v_min, dz = _inputs(8, 2, 16, 51, seed=0)
+    with pytest.raises(ValueError, match=r"a must be \[B, m·K\]"):
+        _kernel(a[:, :20], w, b, v_min, dz)
+    with pytest.raises(ValueError, match=r"v_min and delta_z must be \[B\]"):
+        _kernel(a, w, b, v_min[:3], dz)
+    with pytest.raises(ValueError, match="powers of two"):
+        _kernel(a, w, b, v_min, dz, blocks=HeadStatBlocks(24, 16, 4))
+
+
+def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
+    """Pallas → Triton IR for CUDA on the CPU at E = 65,536 rows of the three fused branches,
+    float32 (TF32) and bf16 operands (visible as truncations to bf16 in the IR)."""
+    spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    rows, m, k, n = 65536, 3, 256, 51
+    for bf16 in (False, True):
+        fn = jax.jit(functools.partial(head_statistics_pallas, actions=A, levels=LEVELS, bf16=bf16))
+        args = (spec(rows, m * k), spec(m, k, 4 * n), spec(m, 4 * n), spec(rows), spec(rows))
+        text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == 1
+        assert ("truncf" in text) == bf16
+
+
+def test_m6_m7_head_statistics_available_warns_once_on_the_cpu_and_is_true_on_a_gpu():
+    if jax.default_backend() == "gpu":
+        assert head_statistics_available(3, 256, 51, A, LEVELS)
+        return
+    with pytest.warns(RuntimeWarning, match="head_statistics"):
+        assert not head_statistics_available(3, 17, 51, A, LEVELS)
