@@ -24,9 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
-from bench.kernels import n_sets, rel, time_op
+from bench.kernels import n_sets, print_speed_table, rel, time_op
 from jaxdqn.model.gated import GateSpec, gated_reference
-from pallas_kernels import fallbacks
 from pallas_kernels.gated import GatedBlocks, gated_value_pallas
 
 
@@ -78,12 +77,7 @@ def main(argv=None):
             table.append((f"{rows}×{k}→{f}", name, us, ref_us / us, err))
             print(table[-1], f"{flops / us / 1e6:.0f} TFLOP/s", flush=True)
         del sets
-    if fallbacks():
-        print("fallbacks:", fallbacks())
-    print("\n| rows × K → F | implementation | µs | speed-up | rel. error |")
-    print("|---|---|---:|---:|---:|")
-    for size, name, us, speed, err in table:
-        print(f"| {size} | {name} | {us:.1f} | {speed:.2f}× | {err:.1e} |")
+    print_speed_table(table, "rows × K → F")
 
 
 if __name__ == "__main__":

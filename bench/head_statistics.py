@@ -26,10 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
-from bench.kernels import n_sets, rel, time_op
+from bench.kernels import n_sets, print_speed_table, rel, time_op
 from jaxdqn.model import distribution
 from jaxdqn.model.heads import branch_heads
-from pallas_kernels import fallbacks
 from pallas_kernels.head_statistics import HeadStatBlocks, head_statistics_pallas
 
 ACTIONS, ATOMS = 3, 51
@@ -112,12 +111,7 @@ def main(argv=None):
             table.append((size, name, us, ref_us / us, max(errs)))
             print(table[-1], flush=True)
         del sets
-    if fallbacks():
-        print("fallbacks:", fallbacks())
-    print("\n| rows × m × K | implementation | µs | speed-up | max rel. error (E, Var, Q) |")
-    print("|---|---|---:|---:|---:|")
-    for size, name, us, speed, err in table:
-        print(f"| {size} | {name} | {us:.1f} | {speed:.2f}× | {err:.1e} |")
+    print_speed_table(table, "rows × m × K", "max rel. error (E, Var, Q)")
 
 
 if __name__ == "__main__":

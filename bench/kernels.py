@@ -167,6 +167,17 @@ def rel(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def print_speed_table(table, size_header: str, error_header: str = "rel. error") -> None:
+    """The kernels that fell back, then rows ``(size, implementation, µs, speed-up, error)``
+    as a markdown table."""
+    if fallbacks():
+        print("fallbacks:", fallbacks())
+    print(f"\n| {size_header} | implementation | µs | speed-up | {error_header} |")
+    print("|---|---|---:|---:|---:|")
+    for size, name, us, speed, err in table:
+        print(f"| {size} | {name} | {us:.1f} | {speed:.2f}× | {err:.1e} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode")

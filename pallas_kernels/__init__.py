@@ -6,6 +6,8 @@ M3 + M4 `gated.gated_value_pallas`: the value/gate GEMM with the KAN (or sigmoid
 epilogue, forward only (jaxdqn's `kernels.gated=pallas` differentiates through its reference).
 M6 `dueling_heads`: several branches' dueling C51 heads, forward and backward kernels under a
 custom_vjp (jaxdqn's `kernels.heads=pallas`).
+M6 + M7 `head_statistics.head_statistics_pallas`: acting's heads with M7 in the epilogue, writing
+E[Z], Var[Z] and the quantiles and no logits, forward only (jaxdqn's `kernels.acting=pallas`).
 M7 `c51_statistics_pallas`: softmax, E[Z], Var[Z] and quantiles of C51 logits in one pass,
 forward only (jaxdqn's `kernels.statistics=pallas` differentiates through its jnp reference).
 The kernels with a `backend` argument take one of {"auto", "pallas", "interpret", "reference"}.

@@ -630,6 +630,50 @@ def test_m3_m4_gated_kernel_in_the_model_equals_the_per_branch_modules(switches)
         N.make_model(CFG, OBS_DIM, gated="auto")
 
 
+@pytest.mark.parametrize(
+    "switches",
+    [{}, {"dir_conditioning": False}, {"kan": False, "selectivity": False}],
+    ids=["all_on", "no_m5", "no_m4_no_m12"],
+)
+@pytest.mark.slow
+def test_m6_m7_acting_kernel_in_the_model_equals_the_statistics_of_apply(switches):
+    """kernels.acting: ``act`` with the heads' statistics kernel (interpreted) gives E[Q],
+    Var[Q], the quantiles and M12 of the per-branch modules' ``apply`` to float rounding, with
+    one kernel call per head call (two with M5: the magnitude branch is conditioned on the
+    kernel's direction E[Q]) and no ``[B, 4, 3, N]`` logits in its program; the acting
+    pipeline (A1–A3) decides the same on them. With ``reference``, ``act`` is ``apply``'s
+    fields bit for bit."""
+    from jaxdqn.agent.acting import decide
+
+    cfg = dataclasses.replace(CFG, **switches)
+    kern = N.make_model(cfg, OBS_DIM, fused=True, acting="interpret")
+    ref = N.make_model(cfg, OBS_DIM, fused=False)
+    params = _perturb(ref.init(jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
+    obs = _obs(B, key=5)
+    v_min, dz = jnp.linspace(-1.0, -0.5, B), jnp.linspace(0.1, 0.3, B)
+    got, want = kern.act(params, obs, v_min, dz), ref.apply(params, obs, v_min, dz)
+    for name in ("q_mean", "q_var", "quantiles", "selectivity"):
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(want, name), rtol=1e-4, atol=1e-5, err_msg=name
+        )
+    same = ref.act(params, obs, v_min, dz)
+    for name in ("q_mean", "q_var", "quantiles", "selectivity"):
+        np.testing.assert_array_equal(getattr(same, name), getattr(want, name))
+    text = str(jax.make_jaxpr(lambda p: kern.act(p, obs, v_min, dz))(params))
+    assert text.count("pallas_call[") == 1 + bool(cfg.dir_conditioning), text
+    assert f"f32[{B},4,3,{cfg.num_atoms}]" not in text
+    args = (v_min, dz, jnp.float32(0.5), jnp.float32(1.0), jax.random.PRNGKey(7))
+    for greedy in (True, False):
+        d_k = decide(kern, params, obs, *args, greedy=greedy)
+        d_r = decide(ref, params, obs, *args, greedy=greedy)
+        np.testing.assert_array_equal(d_k.action.choice, d_r.action.choice)
+        np.testing.assert_allclose(d_k.action.scale, d_r.action.scale, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"kernels\.acting"):
+        N.make_model(cfg, OBS_DIM, acting="auto")
+    with pytest.raises(ValueError, match="needs the fused branches"):
+        N.make_model(cfg, OBS_DIM, fused=False, acting="interpret")
+
+
 def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
     fused = N.make_model(cfg, OBS_DIM, fused=True, heads=heads, gated=gated)
     ref = N.make_model(cfg, OBS_DIM, fused=False)

@@ -263,11 +263,18 @@ def test_e3_export_builds_every_kernel_in_its_jnp_form():
     for heads, want in (("pallas", "split"), ("interpret", "split"), ("split", "split"),
                         ("blockdiag", "blockdiag"), ("auto", "auto")):  # fmt: skip
         k = KernelsConfig(
-            kan="pallas", heads=heads, statistics="pallas", gated="pallas", matmul="bf16"
+            kan="pallas",
+            heads=heads,
+            statistics="pallas",
+            gated="pallas",
+            acting="pallas",
+            matmul="bf16",
         )
         out = jnp_kernels(k)
-        assert (out.kan, out.heads, out.statistics, out.gated) == (
-            "reference", want, "reference", "reference"
+        assert (out.kan, out.heads, out.statistics, out.gated, out.acting) == (
+            "reference", want, "reference", "reference", "reference"
         )  # fmt: skip
-        back = dict(kan=k.kan, heads=k.heads, statistics=k.statistics, gated=k.gated)
+        back = dict(
+            kan=k.kan, heads=k.heads, statistics=k.statistics, gated=k.gated, acting=k.acting
+        )
         assert dataclasses.replace(out, **back) == k

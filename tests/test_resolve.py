@@ -7,6 +7,7 @@ import pytest
 
 from jaxdqn.agent.resolve import (
     Projection,
+    acting_kernels,
     gated_kernels,
     head_kernels,
     in_q_units,
@@ -74,13 +75,15 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     [
         ("heads", head_kernels, "blockdiag", ("split", "pallas", "interpret")),
         ("gated", gated_kernels, "reference", ("pallas", "interpret")),
+        ("acting", acting_kernels, "reference", ("pallas", "interpret")),
     ],
-    ids=["m6_heads", "m3_m4_gated"],
+    ids=["m6_heads", "m3_m4_gated", "m6_m7_acting"],
 )
 def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fused_branches(
     name, rule, default, choices
 ):
-    """kernels.heads (M6) and kernels.gated (M3 + M4): auto is the measured default; the other
+    """kernels.heads (M6), kernels.gated (M3 + M4) and kernels.acting (M6 + M7 in acting): auto
+    is the measured default; the other
     choices need the fused branches (an error with kernels.fused=reference, the default where
     kernels.fused=auto picks the per-branch modules: the CPU)."""
     for fused in ("auto", "fused", "reference"):

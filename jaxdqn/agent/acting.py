@@ -139,7 +139,7 @@ def decide(
       iqn: A2 switch (off: act on E[Q]); sizing: A3 switch (off: scale 1).
       temperature_floor: A1 temperature floor in Q units; unit: the reward unit (A3).
     """
-    out = model.apply(params, obs, v_min, delta_z)
+    out = model.act(params, obs, v_min, delta_z)
     values = out.q_mean
     if iqn and not greedy:
         values = iqn_blend(out.quantiles[..., 0], out.quantiles[..., 2], readiness)

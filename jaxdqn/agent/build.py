@@ -121,6 +121,7 @@ def build_agent(
         heads=r.heads,
         statistics=r.statistics,
         gated=r.gated,
+        acting=r.acting,
         shards=shards,
         matmul=cfg.kernels.matmul,
     )

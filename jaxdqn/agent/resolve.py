@@ -13,6 +13,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
 * :func:`statistics_kernels`: ``kernels.statistics``;
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
+* :func:`acting_kernels`: ``kernels.acting`` (likewise);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -32,6 +33,7 @@ from jaxdqn.shards import ONE_DEVICE, Shards
 __all__ = [
     "Projection",
     "Resolved",
+    "acting_kernels",
     "fused_kernels",
     "gated_kernels",
     "in_q_units",
@@ -66,6 +68,7 @@ class Resolved(NamedTuple):
       heads: :func:`head_kernels`.
       statistics: :func:`statistics_kernels`.
       gated: :func:`gated_kernels`.
+      acting: :func:`acting_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -82,6 +85,7 @@ class Resolved(NamedTuple):
     heads: str
     statistics: str
     gated: str
+    acting: str
     projection: Projection
 
 
@@ -204,6 +208,17 @@ def gated_kernels(setting: str, fused_setting: str) -> str:
     return _fused_setting("gated", setting, "reference", fused_setting)
 
 
+def acting_kernels(setting: str, fused_setting: str) -> str:
+    """``kernels.acting`` resolved against ``kernels.fused`` (its setting, not its resolution):
+    ``auto`` = ``reference`` (the kernel is a switch to measure against it, bench/RESULTS.md);
+    ``reference`` without the fused branches, as for :func:`head_kernels`.
+
+    Raises:
+      ConfigError: ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
+    """
+    return _fused_setting("acting", setting, "reference", fused_setting)
+
+
 def statistics_kernels(setting: str) -> str:
     """``kernels.statistics`` resolved: ``auto`` = ``reference`` (the measured default; the
     Pallas kernel is a switch to measure against it)."""
@@ -260,5 +275,6 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         heads=head_kernels(cfg.kernels.heads, cfg.kernels.fused),
         statistics=statistics_kernels(cfg.kernels.statistics),
         gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused),
+        acting=acting_kernels(cfg.kernels.acting, cfg.kernels.fused),
         projection=Projection(backend, projection_fallback(backend)),
     )

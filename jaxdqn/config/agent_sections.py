@@ -253,6 +253,20 @@ class KernelsConfig:
         "kernels.fused=reference anything but auto or reference is an error",
         choices=("auto", "reference", "pallas", "interpret"),
     )
+    acting: str = _f(
+        "auto",
+        "how acting (training's actions, the evaluation walks, predict) computes what it reads "
+        "of the network, E[Q], Var[Q] and the quantiles (M6 + M7): reference = the logits, then "
+        "M7 (kernels.heads, kernels.statistics); pallas = the fused branches' heads as one "
+        "Triton kernel per call with M7 in its epilogue, writing those statistics and never "
+        "the logits (pallas_kernels/head_statistics.py; forward only, acting is not "
+        "differentiated; the reference where the kernel cannot be built), interpret = that "
+        "kernel under the Pallas interpreter (CPU tests). Equal to float rounding. auto = "
+        "reference. Without the fused branches (kernels.fused=auto on the CPU) every setting "
+        "resolves to reference; with kernels.fused=reference anything but auto or reference "
+        "is an error",
+        choices=("auto", "reference", "pallas", "interpret"),
+    )
     matmul: str = _f(
         "f32",
         "operand precision of the model's matrix products (M1-M12): f32 = JAX's float32 "

@@ -1,6 +1,6 @@
 """The offset table of the four branches computed together (``kernels.fused``, M3–M6).
 
-:meth:`jaxdqn.model.network.Network._fused_branches` computes every branch's value and gate
+:func:`jaxdqn.model.fused_branches.fused_branches` computes every branch's value and gate
 path in one matrix product and reads each branch's columns back by this one table; the order
 it computes the branches in and the order it returns them in are named here too, so the three
 orderings cannot drift apart.

@@ -8,7 +8,7 @@ For ``x [B, K]`` and m branches with value/gate paths ``W_u^k, W_g^k [K, AH]``, 
 :data:`GATED` settings (resolved):
 
 - ``reference``: XLA's products and the gate call of
-  :meth:`jaxdqn.model.network.Network._fused_branches` (no call into this module);
+  :func:`jaxdqn.model.fused_branches.fused_branches` (no call into this module);
 - ``pallas``: :func:`pallas_kernels.gated.gated_value_pallas`, the GEMM with the gate in its
   epilogue (only ``a`` is written; the jnp path where the kernel cannot be built);
 - ``interpret``: that kernel under the Pallas interpreter (CPU tests).

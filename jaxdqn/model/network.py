@@ -21,12 +21,14 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
 - **M12 selectivity**: ``sel = sigmoid(w · h + b)`` on the unmasked trunk output (off: 1).
 
 ``fused`` (``kernels.fused``) computes M3–M6 for all four branches together
-(:meth:`Network._fused_branches`: one value/gate product, one gate call for direction, order and
-urgency, or both as one kernel per call with ``kernels.gated`` (:mod:`jaxdqn.model.gated`), the
-heads of several branches at once as ``kernels.heads`` says,
+(:func:`jaxdqn.model.fused_branches.fused_branches`: one value/gate product, one gate call for
+direction, order and urgency, or both as one kernel per call with ``kernels.gated``
+(:mod:`jaxdqn.model.gated`), the heads of several branches at once as ``kernels.heads`` says,
 :func:`jaxdqn.model.heads.branch_heads`) with the per-branch modules' parameters; the per-branch
-:class:`Branch` modules are the reference. Every Dense layer is
-:class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on accelerators).
+:class:`Branch` modules are the reference. Acting reads only M7's statistics (``Model.act``);
+with ``kernels.acting`` the fused branches end in them without writing the logits. Every Dense
+layer is :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on
+accelerators).
 
 ``matmul`` (``kernels.matmul``, f32 | bf16) is the operand precision of the products of the
 network, M12 and M8–M11 (:func:`jaxdqn.model.dense.matmul_precision`).
@@ -59,9 +61,9 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
-from jaxdqn.model.dense import Dense, affine, matmul_precision
-from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
-from jaxdqn.model.heads import HEADS, branch_heads, dueling
+from jaxdqn.model.dense import Dense, matmul_precision
+from jaxdqn.model.fused_branches import ACTING, acting_kernels_available, fused_branches
+from jaxdqn.model.heads import HEADS, dueling
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from jaxdqn.shards import ONE_DEVICE, Shards
 from pallas_kernels import kan_gate, kan_gate_init
@@ -69,6 +71,7 @@ from pallas_kernels import kan_gate, kan_gate_init
 __all__ = [
     "BRANCHES",
     "BRANCH_KEYS",
+    "ActingOutput",
     "Branch",
     "KANGate",
     "Model",
@@ -100,6 +103,15 @@ class NetworkOutput(NamedTuple):
     quantiles: Array  # [B, 4, 3, 3] Q10, Q50, Q90
     features: Array  # [B, SH2] the VSN-masked shared features h_m
     selectivity: Array  # [B] M12 prediction in (0, 1); ones when M12 is off
+
+
+class ActingOutput(NamedTuple):
+    """What acting (A1–A3) and the evaluation policies read of a forward pass."""
+
+    q_mean: Array  # [B, 4, 3] E[Q]
+    q_var: Array  # [B, 4, 3] Var[Q]
+    quantiles: Array  # [B, 4, 3, 3] Q10, Q50, Q90
+    selectivity: Array  # [B] M12 prediction; ones when M12 is off
 
 
 class Trunk(nn.Module):
@@ -175,56 +187,6 @@ class Branch(nn.Module):
         return dueling(v, adv)
 
 
-class DenseParams(nn.Module):
-    """The ``kernel [K, F]`` and ``bias [F]`` of a :class:`~jaxdqn.model.dense.Dense` layer
-    (same names, initialisers and random streams), returned unapplied so that several layers
-    can be computed as one matrix product."""
-
-    in_features: int
-    features: int
-
-    @nn.compact
-    def __call__(self) -> tuple[Array, Array]:
-        kernel = self.param(
-            "kernel", nn.initializers.lecun_normal(), (self.in_features, self.features), jnp.float32
-        )
-        return kernel, self.param("bias", _zeros, (self.features,), jnp.float32)
-
-
-class KANParams(nn.Module):
-    """The ``coeffs [F, 8]`` and ``w_res [F]`` of a :class:`KANGate`, unapplied."""
-
-    features: int
-
-    @nn.compact
-    def __call__(self) -> tuple[Array, Array]:
-        coeffs = self.param("coeffs", lambda _key: kan_gate_init(self.features)[0])
-        return coeffs, self.param("w_res", lambda _key: kan_gate_init(self.features)[1])
-
-
-class BranchParams(nn.Module):
-    """The parameters of one :class:`Branch` (identical tree, names and initial values), for
-    the fused computation of all four branches in :class:`Network`."""
-
-    in_features: int
-    ah: int
-    num_atoms: int
-    kan: bool = True
-
-    @nn.compact
-    def __call__(self) -> dict[str, tuple[Array, Array]]:
-        n = self.num_atoms
-        out = {
-            "value": DenseParams(self.in_features, self.ah, name="value")(),
-            "gate": DenseParams(self.in_features, self.ah, name="gate")(),
-            "head_value": DenseParams(self.ah, n, name="head_value")(),
-            "head_advantage": DenseParams(self.ah, NUM_ACTIONS * n, name="head_advantage")(),
-        }
-        if self.kan:
-            out["kan"] = KANParams(self.ah, name="kan")()
-        return out
-
-
 class Selectivity(nn.Module):
     """M12: ``sigmoid(w · h + b)`` per sample, ``h [B, SH2] -> [B]``."""
 
@@ -237,7 +199,9 @@ class Network(nn.Module):
     """The ``main`` group: trunk, VSN and the four branches (M1–M6).
 
     ``__call__(obs [B, D], v_min [B], delta_z [B]) -> (logits [B, 4, 3, N], h [B, SH2],
-    h_masked [B, SH2])``.
+    h_masked [B, SH2])``; with ``statistics`` (``kernels.acting``: pallas | interpret, the fused
+    branches only) the first element is their
+    :class:`~jaxdqn.model.fused_branches.BranchStatistics` instead of the logits.
     """
 
     cfg: ModelConfig
@@ -246,6 +210,7 @@ class Network(nn.Module):
     fused: bool = True
     head_kernels: str = "blockdiag"  # kernels.heads resolved (HEADS)
     gated_kernels: str = "reference"  # kernels.gated resolved (GATED)
+    statistics: str | None = None  # kernels.acting's kernel (pallas | interpret), or logits
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -254,7 +219,17 @@ class Network(nn.Module):
         h = Trunk(c.sh1, c.sh2, c.bottleneck_dim if use_bottleneck else 0, name="trunk")(obs)
         h_m = VariableSelection(c.vsn_hidden, name="vsn")(h)[0] if c.vsn else h
         if self.fused:
-            return self._fused_branches(h_m, v_min, delta_z), h, h_m
+            out = fused_branches(
+                c,
+                h_m,
+                v_min,
+                delta_z,
+                kan_backend=self.kan_backend,
+                head_kernels=self.head_kernels,
+                gated_kernels=self.gated_kernels,
+                statistics=self.statistics,
+            )
+            return out, h, h_m
 
         def branch(name: str) -> Branch:
             return Branch(
@@ -282,76 +257,6 @@ class Network(nn.Module):
         logits = jnp.stack([logits_dir, logits_mag, logits_ord, logits_urg], axis=1)
         return logits, h, h_m
 
-    def _fused_branches(self, h_m: Array, v_min: Array, delta_z: Array) -> Array:
-        """The four branches (M3–M6) computed together: the same function as the per-branch
-        modules, with the same parameters, in fewer and larger kernels.
-
-        With branches ordered k = (direction, order, urgency, magnitude):
-
-        1. one matrix product ``[u_k | g_k]_k = h_m [W_u^k | W_g^k]_k + b`` for every branch's
-           value and gate path (the magnitude branch's rows for h_m only);
-        2. one gate call (M4's kernel, or the sigmoid) and one head product
-           ``head_k = a_k [W_V^k | W_A^k] + b`` (block-diagonal) for direction, order and
-           urgency;
-        3. M5: the magnitude pre-activations get ``cond W^mag_cond`` (cond = the direction's
-           E[Q] / Δz, no gradient), then its gate and head. Without M5 all four go in step 2.
-
-        Returns logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`.
-        """
-        c = self.cfg
-        sh2 = h_m.shape[1]
-        ah, n = c.ah, c.num_atoms
-        cols = fused_columns(ah)
-        mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
-        prm = {
-            key: BranchParams(
-                mag_width if key == "branch_magnitude" else sh2, ah, n, c.kan, name=key
-            )()
-            for key in BRANCH_KEYS  # creation order of the per-branch modules
-        }
-        spec = gated_lib.GateSpec(c.kan, c.kan_grid_min, c.kan_grid_max, self.kan_backend)
-        if self.gated_kernels == "reference":
-            # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
-            w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
-            pre = affine(h_m, w, jnp.concatenate([prm[k][path][1] for path, k in cols]))
-
-        def gate(x: Array, keys: tuple[str, ...]) -> Array:
-            """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
-            cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if c.kan else None
-            return gated_lib.gate(x, cat(0), cat(1), spec)
-
-        def heads(a: Array, keys: tuple[str, ...]) -> Array:
-            """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]``."""
-            w = [jnp.concatenate([prm[k]["head_value"][0], prm[k]["head_advantage"][0]], 1)
-                 for k in keys]  # fmt: skip
-            bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
-                    for k in keys]  # fmt: skip
-            return branch_heads(a, w, bias, self.head_kernels)
-
-        first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
-        span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
-        if self.gated_kernels != "reference":  # M3 + M4 in one kernel per call (gated.py)
-            a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, self.gated_kernels)
-        else:
-            a = pre[:, span("value")] * gate(pre[:, span("gate")], first)
-        logits = heads(a, first)
-        fused = [logits[:, i] for i in range(len(first))]  # FUSED_ORDER
-        if c.dir_conditioning:
-            p_dir = jax.nn.softmax(fused[0], axis=-1)
-            q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
-            cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
-            mag_key = ("branch_magnitude",)
-            mag = prm[mag_key[0]]
-            if self.gated_kernels != "reference":
-                x = jnp.concatenate([h_m, cond], 1)
-                a = gated_lib.gated_values([mag], x, spec, self.gated_kernels)
-            else:
-                u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
-                g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
-                a = u * gate(g, mag_key)
-            fused.append(heads(a, mag_key)[:, 0])
-        return jnp.stack([fused[i] for i in FROM_FUSED], axis=1)
-
 
 @dataclasses.dataclass(frozen=True)
 class Model:
@@ -360,6 +265,8 @@ class Model:
     - ``init(key) -> Params`` — ``{"main": ..., "aux": ..., "xlstm": ...}``.
     - ``apply(params, obs [B, D], v_min, delta_z) -> NetworkOutput`` — ``v_min``/``delta_z``
       scalars or ``[B]``.
+    - ``act(params, obs, v_min, delta_z) -> ActingOutput`` — what acting reads of ``apply``
+      (E[Q], Var[Q], quantiles, M12), computed without the logits with ``kernels.acting``.
     - ``coordinate(params, q [B, 4, 3]) -> Coordinated`` — M8–M11 (uses ``params["aux"]``).
     - ``xlstm`` — the M13 functions (:class:`jaxdqn.model.xlstm.XLSTM`); its parameters are
       ``params["xlstm"]``.
@@ -369,6 +276,7 @@ class Model:
     obs_dim: int
     init: Callable[[Array], Params]
     apply: Callable[..., NetworkOutput]
+    act: Callable[..., ActingOutput]
     coordinate: Callable[[Params, Array], Coordinated]
     xlstm: XLSTM
 
@@ -385,6 +293,7 @@ def make_model(
     heads: str = "blockdiag",
     statistics: str = "reference",
     gated: str = "reference",
+    acting: str = "reference",
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
 ) -> Model:
@@ -395,7 +304,10 @@ def make_model(
     interpret), ``statistics`` how M7 is computed (``kernels.statistics`` resolved:
     reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`),
     ``gated`` how the fused branches compute M3 + M4 (``kernels.gated`` resolved: reference |
-    pallas | interpret, :mod:`jaxdqn.model.gated`); ``shards``:
+    pallas | interpret, :mod:`jaxdqn.model.gated`), ``acting`` how ``act`` computes the
+    statistics (``kernels.acting`` resolved: reference | pallas | interpret,
+    :mod:`jaxdqn.model.fused_branches`; ``pallas`` where its kernel cannot be built is
+    ``reference``, with one warning); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
     matmul_precision(matmul)  # an unknown value fails here, not at the first trace
@@ -407,7 +319,14 @@ def make_model(
         )
     if gated not in gated_lib.GATED:
         raise ValueError(f"kernels.gated: {gated!r} is not one of {gated_lib.GATED}")
+    if acting not in ACTING:
+        raise ValueError(f"kernels.acting: {acting!r} is not one of {ACTING}")
+    if acting != "reference" and not fused:
+        raise ValueError(f"kernels.acting: {acting!r} needs the fused branches (kernels.fused)")
+    if acting == "pallas" and not acting_kernels_available(cfg, matmul == "bf16"):
+        acting = "reference"
     net = Network(cfg, obs_dim, kan_backend, fused, heads, gated)
+    act_net = None if acting == "reference" else net.clone(statistics=acting)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
     cell = make_xlstm(cfg)
@@ -429,23 +348,27 @@ def make_model(
         with matmul_precision(matmul):
             return _apply(params, obs, v_min, delta_z)
 
-    def _apply(
-        params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
-    ) -> NetworkOutput:
+    def _inputs(obs: Array, v_min: Array | float, delta_z: Array | float):
         chex.assert_rank(obs, 2)
         chex.assert_axis_dimension(obs, 1, obs_dim)
         b = obs.shape[0]
         v_min = jnp.broadcast_to(jnp.asarray(v_min, obs.dtype), (b,))
-        delta_z = jnp.broadcast_to(jnp.asarray(delta_z, obs.dtype), (b,))
+        return v_min, jnp.broadcast_to(jnp.asarray(delta_z, obs.dtype), (b,))
+
+    def _selectivity(params: Params, h: Array, obs: Array) -> Array:
+        if cfg.selectivity:
+            return sel.apply({"params": params["aux"]["selectivity"]}, h)
+        return jnp.ones(obs.shape[:1], obs.dtype)
+
+    def _apply(
+        params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
+    ) -> NetworkOutput:
+        v_min, delta_z = _inputs(obs, v_min, delta_z)
         logits, h, h_m = net.apply({"params": params["main"]}, obs, v_min, delta_z)
         vm, dz = v_min[:, None, None], delta_z[:, None, None]
         probs, q_mean, q_var, q_quant = distribution.statistics_of_logits(
             logits, vm, dz, statistics
         )
-        if cfg.selectivity:
-            selectivity = sel.apply({"params": params["aux"]["selectivity"]}, h)
-        else:
-            selectivity = jnp.ones((b,), obs.dtype)
         return NetworkOutput(
             logits=logits,
             probs=probs,
@@ -453,8 +376,19 @@ def make_model(
             q_var=q_var,
             quantiles=q_quant,
             features=h_m,
-            selectivity=selectivity,
+            selectivity=_selectivity(params, h, obs),
         )
+
+    def act(
+        params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
+    ) -> ActingOutput:
+        if act_net is None:  # the statistics of the full pass (XLA drops the rest)
+            out = apply(params, obs, v_min, delta_z)
+            return ActingOutput(out.q_mean, out.q_var, out.quantiles, out.selectivity)
+        with matmul_precision(matmul):
+            v_min, delta_z = _inputs(obs, v_min, delta_z)
+            stats, h, _ = act_net.apply({"params": params["main"]}, obs, v_min, delta_z)
+            return ActingOutput(*stats, _selectivity(params, h, obs))
 
     def coordinate(params: Params, q: Array) -> Coordinated:
         aux = params["aux"]
@@ -462,7 +396,13 @@ def make_model(
             return coord.apply({k: aux[k] for k in _COORD_KEYS if k in aux}, q)
 
     return Model(
-        cfg=cfg, obs_dim=obs_dim, init=init_params, apply=apply, coordinate=coordinate, xlstm=cell
+        cfg=cfg,
+        obs_dim=obs_dim,
+        init=init_params,
+        apply=apply,
+        act=act,
+        coordinate=coordinate,
+        xlstm=cell,
     )
 
 

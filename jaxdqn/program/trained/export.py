@@ -74,7 +74,12 @@ def jnp_kernels(kernels: KernelsConfig) -> KernelsConfig:
     and gate)."""
     heads = "split" if kernels.heads in ("pallas", "interpret") else kernels.heads
     return dataclasses.replace(
-        kernels, kan="reference", heads=heads, statistics="reference", gated="reference"
+        kernels,
+        kan="reference",
+        heads=heads,
+        statistics="reference",
+        gated="reference",
+        acting="reference",
     )
 
 

@@ -1,0 +1,225 @@
+"""M3–M6 of the four branches computed together (``kernels.fused``): the same function as the
+per-branch :class:`jaxdqn.model.network.Branch` modules, with the same parameter tree, in fewer
+and larger kernels; and, for acting, the same branches ending in M7's statistics instead of the
+logits (``kernels.acting``).
+
+:func:`fused_branches` runs inside :class:`jaxdqn.model.network.Network`'s compact call (its
+:class:`BranchParams` are the Network's submodules, named as the per-branch modules). With
+branches ordered k = (direction, order, urgency, magnitude) (:data:`FUSED_ORDER`):
+
+1. one matrix product ``[u_k | g_k]_k = h_m [W_u^k | W_g^k]_k + b`` for every branch's value and
+   gate path (the magnitude branch's rows for h_m only), then one gate call (M4's kernel, or the
+   sigmoid) and the product ``a_k = u_k ⊙ gate(g_k)`` — or both as one kernel per call with
+   ``kernels.gated`` (:mod:`jaxdqn.model.gated`);
+2. the heads ``head_k = a_k [W_V^k | W_A^k] + b`` and the dueling combination for direction,
+   order and urgency (:func:`jaxdqn.model.heads.branch_heads`, as ``kernels.heads`` says) — or,
+   with ``statistics`` (``kernels.acting``), the Pallas kernel of
+   :mod:`pallas_kernels.head_statistics` that ends each head in E[Z], Var[Z] and the quantiles
+   and writes no logits;
+3. M5: the magnitude pre-activations get ``cond W^mag_cond`` (cond = the direction's E[Q] / Δz,
+   no gradient), then its gate and head. Without M5 all four go in steps 1–2.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from jaxdqn.branches import BRANCH_KEYS, NUM_ACTIONS
+from jaxdqn.config import ModelConfig
+from jaxdqn.model import distribution
+from jaxdqn.model import gated as gated_lib
+from jaxdqn.model.dense import affine, default_precision
+from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
+from jaxdqn.model.heads import branch_heads
+from pallas_kernels import kan_gate_init
+from pallas_kernels.head_statistics import head_statistics_available, head_statistics_pallas
+
+__all__ = [
+    "ACTING",
+    "BranchParams",
+    "BranchStatistics",
+    "DenseParams",
+    "KANParams",
+    "acting_kernels_available",
+    "fused_branches",
+]
+
+ACTING = ("reference", "pallas", "interpret")
+"""The resolved ``kernels.acting`` settings: ``reference`` computes acting's statistics from
+the logits (the model's ``apply``), ``pallas`` / ``interpret`` with the heads' statistics
+kernel (compiled / under the Pallas interpreter)."""
+
+_zeros = nn.initializers.zeros
+
+
+class BranchStatistics(NamedTuple):
+    """M7 of every branch and action without the logits: E[Z] ``[B, 4, 3]``, Var[Z]
+    ``[B, 4, 3]``, quantiles ``[B, 4, 3, L]`` (branches in :data:`BRANCH_KEYS` order)."""
+
+    q_mean: Array
+    q_var: Array
+    quantiles: Array
+
+
+class DenseParams(nn.Module):
+    """The ``kernel [K, F]`` and ``bias [F]`` of a :class:`~jaxdqn.model.dense.Dense` layer
+    (same names, initialisers and random streams), returned unapplied so that several layers
+    can be computed as one matrix product."""
+
+    in_features: int
+    features: int
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (self.in_features, self.features), jnp.float32
+        )
+        return kernel, self.param("bias", _zeros, (self.features,), jnp.float32)
+
+
+class KANParams(nn.Module):
+    """The ``coeffs [F, 8]`` and ``w_res [F]`` of a :class:`KANGate`, unapplied."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self) -> tuple[Array, Array]:
+        coeffs = self.param("coeffs", lambda _key: kan_gate_init(self.features)[0])
+        return coeffs, self.param("w_res", lambda _key: kan_gate_init(self.features)[1])
+
+
+class BranchParams(nn.Module):
+    """The parameters of one :class:`Branch` (identical tree, names and initial values), for
+    the fused computation of all four branches in :class:`Network`."""
+
+    in_features: int
+    ah: int
+    num_atoms: int
+    kan: bool = True
+
+    @nn.compact
+    def __call__(self) -> dict[str, tuple[Array, Array]]:
+        n = self.num_atoms
+        out = {
+            "value": DenseParams(self.in_features, self.ah, name="value")(),
+            "gate": DenseParams(self.in_features, self.ah, name="gate")(),
+            "head_value": DenseParams(self.ah, n, name="head_value")(),
+            "head_advantage": DenseParams(self.ah, NUM_ACTIONS * n, name="head_advantage")(),
+        }
+        if self.kan:
+            out["kan"] = KANParams(self.ah, name="kan")()
+        return out
+
+
+def fused_branches(
+    cfg: ModelConfig,
+    h_m: Array,
+    v_min: Array,
+    delta_z: Array,
+    *,
+    kan_backend: str,
+    head_kernels: str,
+    gated_kernels: str,
+    statistics: str | None = None,
+) -> Array | BranchStatistics:
+    """The four branches on ``h_m [B, SH2]`` with the supports ``v_min``, ``delta_z [B]``
+    (steps in the module docstring); call it inside a compact flax module (the branches'
+    parameters are created there, named as the per-branch modules).
+
+    Args:
+      cfg: the model section.
+      kan_backend, head_kernels, gated_kernels: ``kernels.kan``, ``kernels.heads`` and
+        ``kernels.gated`` resolved.
+      statistics: ``None`` → the logits; ``"pallas"`` / ``"interpret"`` → the heads'
+        statistics kernel (compiled / interpreted) and :class:`BranchStatistics` (forward
+        only: no gradient is defined through it).
+    Returns:
+      logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics.
+    """
+    c = cfg
+    sh2 = h_m.shape[1]
+    ah, n = c.ah, c.num_atoms
+    cols = fused_columns(ah)
+    mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
+    prm = {
+        key: BranchParams(mag_width if key == "branch_magnitude" else sh2, ah, n, c.kan, name=key)()
+        for key in BRANCH_KEYS  # creation order of the per-branch modules
+    }
+    spec = gated_lib.GateSpec(c.kan, c.kan_grid_min, c.kan_grid_max, kan_backend)
+    if gated_kernels == "reference":
+        # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
+        w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
+        pre = affine(h_m, w, jnp.concatenate([prm[k][path][1] for path, k in cols]))
+
+    def gate(x: Array, keys: tuple[str, ...]) -> Array:
+        """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
+        cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if c.kan else None
+        return gated_lib.gate(x, cat(0), cat(1), spec)
+
+    def heads(a: Array, keys: tuple[str, ...]):
+        """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]`` (or
+        their statistics, ``[B, m, 3]`` …)."""
+        w = [jnp.concatenate([prm[k]["head_value"][0], prm[k]["head_advantage"][0]], 1)
+             for k in keys]  # fmt: skip
+        bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
+                for k in keys]  # fmt: skip
+        if statistics is None:
+            return branch_heads(a, w, bias, head_kernels)
+        return head_statistics_pallas(
+            a,
+            jnp.stack(w),
+            jnp.stack(bias),
+            v_min,
+            delta_z,
+            actions=NUM_ACTIONS,
+            levels=distribution.QUANTILE_LEVELS,
+            bf16=default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+            interpret=statistics == "interpret",
+        )
+
+    first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
+    span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
+    if gated_kernels != "reference":  # M3 + M4 in one kernel per call (gated.py)
+        a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, gated_kernels)
+    else:
+        a = pre[:, span("value")] * gate(pre[:, span("gate")], first)
+    out = heads(a, first)
+    branch = lambda x, i: jax.tree.map(lambda y: y[:, i], x)
+    fused = [branch(out, i) for i in range(len(first))]  # FUSED_ORDER
+    if c.dir_conditioning:
+        if statistics is None:
+            p_dir = jax.nn.softmax(fused[0], axis=-1)
+            q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
+        else:
+            q_dir = fused[0].mean
+        cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
+        mag_key = ("branch_magnitude",)
+        mag = prm[mag_key[0]]
+        if gated_kernels != "reference":
+            x = jnp.concatenate([h_m, cond], 1)
+            a = gated_lib.gated_values([mag], x, spec, gated_kernels)
+        else:
+            u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
+            g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
+            a = u * gate(g, mag_key)
+        fused.append(branch(heads(a, mag_key), 0))
+    ordered = [fused[i] for i in FROM_FUSED]
+    out = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *ordered)
+    return out if statistics is None else BranchStatistics(*out)
+
+
+def acting_kernels_available(cfg: ModelConfig, bf16: bool) -> bool:
+    """Whether the heads' statistics kernel builds here for every call :func:`fused_branches`
+    makes with ``cfg`` (three branches and magnitude under M5, else four); one warning and
+    False where it does not."""
+    calls = (3, 1) if cfg.dir_conditioning else (4,)
+    levels = distribution.QUANTILE_LEVELS
+    return all(
+        head_statistics_available(m, cfg.ah, cfg.num_atoms, NUM_ACTIONS, levels, bf16)
+        for m in calls
+    )
