@@ -19,7 +19,9 @@ logits tiles in registers and writes ``(2 + L)`` numbers per (row, branch, actio
 Grid ``(⌈B/bm⌉, m)``, like the heads' forward kernel (its product code is shared:
 :func:`pallas_kernels.heads.head_tiles`); the statistics are those of the M7 kernel
 (:func:`pallas_kernels.statistics.row_statistics`). No gradient: the learner's differentiated
-pass keeps the logits.
+pass keeps the logits. Its jnp reference is :func:`pallas_kernels.heads.dueling_heads_reference`
+followed by jaxdqn's M7 (``jaxdqn.model.distribution.statistics_of_logits``), as the tests use
+it; the model's ``kernels.acting=reference`` computes exactly that.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
-from pallas_kernels.heads import _check, _pad_atoms, dueling_heads_reference, head_tiles
+from pallas_kernels.heads import _check, _pad_atoms, head_tiles
 from pallas_kernels.statistics import row_statistics
 
 __all__ = [
@@ -43,7 +45,6 @@ __all__ = [
     "HeadStatistics",
     "head_statistics_available",
     "head_statistics_pallas",
-    "head_statistics_reference",
 ]
 
 
@@ -140,36 +141,6 @@ def head_statistics_pallas(
     return HeadStatistics(
         mean.reshape(shape), var.reshape(shape), quant.reshape(*shape, len(levels))
     )
-
-
-def head_statistics_reference(
-    a: jax.Array,
-    w: jax.Array,
-    b: jax.Array,
-    v_min: jax.Array,
-    delta_z: jax.Array,
-    *,
-    actions: int,
-    levels: tuple[float, ...],
-) -> HeadStatistics:
-    """The same as jnp: :func:`dueling_heads_reference`, softmax, moments, and the quantiles
-    by the first atom whose CDF reaches τ (the definition, not the kernel's sum)."""
-    logits = dueling_heads_reference(a, w, b, actions)
-    n = logits.shape[-1]
-    p = jax.nn.softmax(logits, axis=-1)
-    idx = jnp.arange(n, dtype=p.dtype)
-    mean_i = jnp.sum(p * idx, -1)
-    var_i = jnp.maximum(jnp.sum(p * idx * idx, -1) - mean_i**2, 0.0)
-    cdf = jnp.cumsum(p, -1)
-    taus = jnp.asarray(levels, p.dtype)
-    k = jnp.minimum(jnp.sum(cdf[..., None, :] < taus[:, None], -1), n - 1)
-    f_k = jnp.take_along_axis(cdf, k, -1)
-    f_prev = jnp.where(k > 0, jnp.take_along_axis(cdf, jnp.maximum(k - 1, 0), -1), 0.0)
-    tiny = np.finfo(np.float32).tiny
-    frac = jnp.clip((taus - f_prev) / jnp.maximum(f_k - f_prev, tiny), 0.0, 1.0)
-    pos = jnp.where(k > 0, k - 1 + frac, 0.0)
-    vm, dz = v_min[:, None, None], delta_z[:, None, None]
-    return HeadStatistics(vm + dz * mean_i, dz * dz * var_i, vm[..., None] + dz[..., None] * pos)
 
 
 def head_statistics_available(

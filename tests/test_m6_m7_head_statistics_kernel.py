@@ -21,8 +21,8 @@ from pallas_kernels.head_statistics import (
     HeadStatBlocks,
     head_statistics_available,
     head_statistics_pallas,
-    head_statistics_reference,
 )
+from pallas_kernels.heads import dueling_heads_reference
 
 BACKEND = os.environ.get("JAXDQN_KERNEL_BACKEND", "interpret")
 A, LEVELS = 3, tuple(D.QUANTILE_LEVELS)
@@ -89,10 +89,12 @@ def test_m6_m7_head_statistics_kernel_equals_numpy(rows, m, k, n):
 
 def test_m6_m7_head_statistics_kernel_equals_its_jnp_reference_at_default_precision():
     """The kernel's products at the default precision, as the model's acting pass runs them,
-    and two tilings: the same statistics as the jnp reference (heads, softmax, definition-by-
-    count quantiles) to float rounding."""
+    and two tilings: the same statistics as the jnp reference (the heads' reference, then the
+    model's M7: softmax, moments, definition-by-count quantiles) to float rounding."""
     args = _inputs(50, 3, 48, 51, seed=3, scale=3.0)
-    want = head_statistics_reference(*args, actions=A, levels=LEVELS)
+    a, w, b, v_min, dz = args
+    logits = dueling_heads_reference(a, w, b, A)
+    want = D.statistics_of_logits(logits, v_min[:, None, None], dz[:, None, None])[1:]
     for blocks in (SMALL, HeadStatBlocks(32, 32, 4)):
         got = _kernel(*args, blocks=blocks)
         for g, w in zip(got, want, strict=True):

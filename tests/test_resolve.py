@@ -83,9 +83,9 @@ def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fu
     name, rule, default, choices
 ):
     """kernels.heads (M6), kernels.gated (M3 + M4) and kernels.acting (M6 + M7 in acting): auto
-    is the measured default; the other
-    choices need the fused branches (an error with kernels.fused=reference, the default where
-    kernels.fused=auto picks the per-branch modules: the CPU)."""
+    is the measured default; the other choices need the fused branches (an error with
+    kernels.fused=reference, the default where kernels.fused=auto picks the per-branch modules:
+    the CPU)."""
     for fused in ("auto", "fused", "reference"):
         assert rule("auto", fused) == rule(default, fused) == default
     for setting in choices:

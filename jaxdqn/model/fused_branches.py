@@ -141,16 +141,14 @@ def fused_branches(
     Returns:
       logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics.
     """
-    c = cfg
     sh2 = h_m.shape[1]
-    ah, n = c.ah, c.num_atoms
+    ah, n = cfg.ah, cfg.num_atoms
     cols = fused_columns(ah)
-    mag_width = sh2 + NUM_ACTIONS if c.dir_conditioning else sh2
-    prm = {
-        key: BranchParams(mag_width if key == "branch_magnitude" else sh2, ah, n, c.kan, name=key)()
-        for key in BRANCH_KEYS  # creation order of the per-branch modules
-    }
-    spec = gated_lib.GateSpec(c.kan, c.kan_grid_min, c.kan_grid_max, kan_backend)
+    mag_width = sh2 + NUM_ACTIONS if cfg.dir_conditioning else sh2
+    width = lambda key: mag_width if key == "branch_magnitude" else sh2
+    # in the creation order of the per-branch modules
+    prm = {key: BranchParams(width(key), ah, n, cfg.kan, name=key)() for key in BRANCH_KEYS}
+    spec = gated_lib.GateSpec(cfg.kan, cfg.kan_grid_min, cfg.kan_grid_max, kan_backend)
     if gated_kernels == "reference":
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
@@ -158,7 +156,7 @@ def fused_branches(
 
     def gate(x: Array, keys: tuple[str, ...]) -> Array:
         """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
-        cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if c.kan else None
+        cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if cfg.kan else None
         return gated_lib.gate(x, cat(0), cat(1), spec)
 
     def heads(a: Array, keys: tuple[str, ...]):
@@ -182,7 +180,7 @@ def fused_branches(
             interpret=statistics == "interpret",
         )
 
-    first = FUSED_ORDER[:3] if c.dir_conditioning else FUSED_ORDER
+    first = FUSED_ORDER[:3] if cfg.dir_conditioning else FUSED_ORDER
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
     if gated_kernels != "reference":  # M3 + M4 in one kernel per call (gated.py)
         a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, gated_kernels)
@@ -191,7 +189,7 @@ def fused_branches(
     out = heads(a, first)
     branch = lambda x, i: jax.tree.map(lambda y: y[:, i], x)
     fused = [branch(out, i) for i in range(len(first))]  # FUSED_ORDER
-    if c.dir_conditioning:
+    if cfg.dir_conditioning:
         if statistics is None:
             p_dir = jax.nn.softmax(fused[0], axis=-1)
             q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])

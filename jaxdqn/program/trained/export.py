@@ -71,7 +71,7 @@ def jnp_kernels(kernels: KernelsConfig) -> KernelsConfig:
     """``kernels`` with every Pallas kernel in its jnp form, the same functions to float
     rounding: an artifact for the CPU and CUDA holds no Triton kernel (the KAN gate's
     reference, the heads one product per branch, M7's jnp statistics, M3 + M4's XLA products
-    and gate)."""
+    and gate, acting's statistics from the logits)."""
     heads = "split" if kernels.heads in ("pallas", "interpret") else kernels.heads
     return dataclasses.replace(
         kernels,
