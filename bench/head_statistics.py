@@ -60,23 +60,36 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--shapes", default="65536x3,65536x1,4096x3", help="rows x m, comma-separated")
+    ap.add_argument(
+        "--tilings",
+        default="64x32x4,128x32x4,128x32x8,64x16x4,64x64x4,32x32x4",
+        help="bm x bk x warps of the fused kernel, comma-separated",
+    )
+    ap.add_argument(
+        "--kernel-only", action="store_true", help="skip the model's paths but the first"
+    )
     args = ap.parse_args(argv)
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
     dev = jax.devices()[0]
     print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
-    shapes = [(40, 3, 24)] if smoke else [(65536, 3, 256), (65536, 1, 256), (4096, 3, 256)]
+    shapes = (
+        [(40, 3, 24)]
+        if smoke
+        else [(*(int(x) for x in s.split("x")), 256) for s in args.shapes.split(",")]
+    )
     paths = [("XLA heads (blockdiag) + M7 reference", model_path("blockdiag", "reference"))]
-    if not smoke:
+    if not (smoke or args.kernel_only):
         paths += [
             ("XLA heads (blockdiag) + M7 scan", model_path("blockdiag", "scan")),
             ("XLA heads (split) + M7 reference", model_path("split", "reference")),
             ("Pallas heads + Pallas M7", model_path("pallas", "pallas")),
         ]
-    tilings = [HeadStatBlocks(16, 16, 4)] if smoke else [
-        HeadStatBlocks(32, 32, 4), HeadStatBlocks(16, 32, 4), HeadStatBlocks(16, 32, 2),
-        HeadStatBlocks(64, 32, 4), HeadStatBlocks(64, 32, 8), HeadStatBlocks(32, 64, 4),
-        HeadStatBlocks(32, 32, 8),
-    ]  # fmt: skip
+    tilings = (
+        [HeadStatBlocks(16, 16, 4)]
+        if smoke
+        else [HeadStatBlocks(*(int(x) for x in t.split("x"))) for t in args.tilings.split(",")]
+    )
     table = []
     for rows, m, k in shapes:
         size = f"{rows}×{m}×{k}"
