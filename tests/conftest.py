@@ -17,6 +17,7 @@ the tests' subprocesses (they inherit ``XLA_FLAGS``; the CPU flags change float 
 comparing a training here with one in a subprocess needs both under the same flags).
 """
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -40,7 +41,20 @@ _REPLACED = ("JAXDQN_COMPILE_CACHE", "XLA_FLAGS", SESSION_ENV)
 # 2-core EPYC). Two programs computing the same numbers (a replay and a walk, a vmapped panel
 # walk and an instrument's own) may then round differently in the last bits where XLA's default
 # code generation gives the same bits: the two tests that compare such pairs say so.
+#
+# Only where the programs compile for the CPU: on a GPU the kernel tests
+# (JAXDQN_KERNEL_BACKEND=pallas) must run the code the production runs compile.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+GPU_PLUGINS = ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin", "jax_rocm60_plugin")
+
+
+def compiles_for_cpu(platforms: str | None, plugins=GPU_PLUGINS) -> bool:
+    """Whether this session's programs compile for the CPU, decided before JAX starts a backend
+    (XLA reads XLA_FLAGS once, when it does): JAX_PLATFORMS' first entry when it is set, else
+    whether no GPU plugin is installed."""
+    if platforms and platforms.strip():
+        return platforms.split(",")[0].strip() == "cpu"
+    return not any(importlib.util.find_spec(name) for name in plugins)
 
 
 def pytest_configure(config):
@@ -56,9 +70,10 @@ def pytest_configure(config):
     config.stash[_SESSION] = (folder, owner, old)
     os.environ[SESSION_ENV] = str(folder)
     os.environ["JAXDQN_COMPILE_CACHE"] = str(folder / "xla")
-    os.environ["XLA_FLAGS"] = runtime.merge_xla_flags(
-        os.environ.get("XLA_FLAGS", ""), TEST_XLA_FLAGS
-    )
+    if compiles_for_cpu(os.environ.get("JAX_PLATFORMS")):
+        os.environ["XLA_FLAGS"] = runtime.merge_xla_flags(
+            os.environ.get("XLA_FLAGS", ""), TEST_XLA_FLAGS
+        )
     runtime.configure(folder / "xla")
 
 

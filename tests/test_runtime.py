@@ -80,6 +80,20 @@ def test_xla_flags_merge_keeps_the_users_value():
     assert runtime.merge_xla_flags(runtime.merge_xla_flags("")) == runtime.merge_xla_flags("")
 
 
+def test_the_test_sessions_fast_compile_flags_apply_to_cpu_programs_only():
+    """The suite's compile-time flags (tests/conftest.py) are set before JAX starts, only where
+    the programs compile for the CPU; GPU kernel tests compile as production runs do."""
+    import jax
+    from conftest import TEST_XLA_FLAGS, compiles_for_cpu
+
+    assert compiles_for_cpu("cpu") and compiles_for_cpu(" cpu ,cuda")
+    assert not compiles_for_cpu("cuda") and not compiles_for_cpu("cuda,cpu")
+    assert compiles_for_cpu(None, plugins=("jaxdqn_no_such_plugin",))
+    assert not compiles_for_cpu("", plugins=("json",))  # an installed module: a GPU plugin
+    on_cpu = jax.default_backend() == "cpu"
+    assert all((f in os.environ.get("XLA_FLAGS", "").split()) == on_cpu for f in TEST_XLA_FLAGS)
+
+
 def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
     assert runtime.default_cache_dir(env) == tmp_path / "xdg" / "jaxdqn" / "xla"
