@@ -1,5 +1,7 @@
 """M3 + M4 alone: the gated value path as XLA computes it (``kernels.gated=reference``) against
-the Pallas GEMM with the gate in its epilogue (``pallas``), at acting's and the learner's rows.
+the Pallas GEMM with the gate in its epilogue (``pallas``) and XLA's product followed by the
+Pallas gate-and-product kernel that reads it in place (``gate``), at acting's and the learner's
+rows.
 
     PYTHONPATH=. python bench/gated.py            # on the GPU; a markdown table last
     PYTHONPATH=. python bench/gated.py --smoke    # tiny shapes, interpret mode, any machine
@@ -25,7 +27,9 @@ import numpy as np
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from bench.kernels import n_sets, print_speed_table, rel, time_op
+from jaxdqn.model.dense import affine
 from jaxdqn.model.gated import GateSpec, gated_reference
+from pallas_kernels.gate_product import GateProductBlocks, gate_product_pallas
 from pallas_kernels.gated import GatedBlocks, gated_value_pallas
 
 
@@ -39,19 +43,56 @@ def inputs(key, rows, k, f):
     return x, w_u, w_g, zeros, zeros + 0.1, coeffs, 0.3 * jax.random.normal(kw, (f,))
 
 
+def gate_path(blocks, interpret):
+    """``kernels.gated=gate``: the reference's product, then the in-place gate kernel."""
+
+    def fn(x, w_u, w_g, b_u, b_g, coeffs, w_res):
+        f = w_u.shape[1]
+        pre = affine(x, jnp.concatenate([w_u, w_g], 1), jnp.concatenate([b_u, b_g]))
+        return gate_product_pallas(
+            pre, pre, coeffs, w_res, g0=f, width=f, blocks=blocks, interpret=interpret
+        )
+
+    return fn
+
+
+def _ints(text):
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument(
+        "--shapes",
+        default="65536x256x768,65536x259x256,8192x256x768",
+        help="rows x K x F, comma-separated",
+    )
+    ap.add_argument(
+        "--tilings",
+        default="64x64x32x4,128x64x32x4,128x64x32x8,64x128x32x4,128x128x32x8,64x64x64x4",
+        help="the GEMM kernel's bm x bn x bk x warps (empty: none)",
+    )
+    ap.add_argument(
+        "--gate-tilings",
+        default="16x256x4,8x512x4,8x256x4,32x256x8,16x128x4",
+        help="the gate kernel's bm x bn x warps (empty: none)",
+    )
     args = ap.parse_args(argv)
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
     dev = jax.devices()[0]
     print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
     spec = GateSpec(True, -3.0, 3.0, "interpret" if smoke else "pallas")
-    shapes = [(40, 24, 48)] if smoke else [(65536, 256, 768), (65536, 259, 256), (8192, 256, 768)]
-    tilings = [GatedBlocks(16, 16, 16)] if smoke else [
-        GatedBlocks(64, 64, 32, 4), GatedBlocks(128, 64, 32, 4), GatedBlocks(128, 64, 32, 8),
-        GatedBlocks(64, 128, 32, 4), GatedBlocks(128, 128, 32, 8), GatedBlocks(64, 64, 64, 4),
+    shapes = [(40, 24, 48)] if smoke else _ints(args.shapes)
+    candidates = [
+        (f"Pallas bm={b[0]} bn={b[1]} bk={b[2]} w={b[3]}", b,
+         functools.partial(gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
+        for b in ([(16, 16, 16, 4)] if smoke else _ints(args.tilings))
+    ] + [
+        (f"XLA affine + Pallas gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
+         gate_path(GateProductBlocks(*b), smoke))
+        for b in ([(8, 16, 4)] if smoke else _ints(args.gate_tilings))
     ]  # fmt: skip
     table = []
     for rows, k, f in shapes:
@@ -65,15 +106,13 @@ def main(argv=None):
         flops = 4.0 * rows * k * f
         table.append((f"{rows}×{k}→{f}", "XLA affine + P2 gate + product", ref_us, 1.0, 0.0))
         print(table[-1], flush=True)
-        for blocks in tilings:
-            fn = functools.partial(gated_value_pallas, blocks=blocks, interpret=smoke)
+        for name, blocks, fn in candidates:
             try:
                 us = time_op(fn, sets, reps) * 1e6
                 err = rel(fn(*sets[0]), want)
             except Exception as e:  # a tiling Triton refuses: report it, go on
                 print(f"  {blocks}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                 continue
-            name = f"Pallas bm={blocks[0]} bn={blocks[1]} bk={blocks[2]} w={blocks[3]}"
             table.append((f"{rows}×{k}→{f}", name, us, ref_us / us, err))
             print(table[-1], f"{flops / us / 1e6:.0f} TFLOP/s", flush=True)
         del sets

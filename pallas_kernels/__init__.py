@@ -4,6 +4,8 @@ P1 `c51_project`: C51 categorical projection (Triton "pull" kernel, no atomics).
 P2 `kan_gate`: KAN cubic B-spline gate, forward and backward kernels under a custom_vjp.
 M3 + M4 `gated.gated_value_pallas`: the value/gate GEMM with the KAN (or sigmoid) gate in its
 epilogue, forward only (jaxdqn's `kernels.gated=pallas` differentiates through its reference).
+M3 + M4 `gate_product.gate_product_pallas`: the gate and the product u ⊙ gate(g) reading u and g
+in place from XLA's value/gate product, forward only (jaxdqn's `kernels.gated=gate`).
 M6 `dueling_heads`: several branches' dueling C51 heads, forward and backward kernels under a
 custom_vjp (jaxdqn's `kernels.heads=pallas`).
 M6 + M7 `head_statistics.head_statistics_pallas`: acting's heads with M7 in the epilogue, writing

@@ -615,17 +615,18 @@ def test_m6_every_head_kernel_equals_the_per_branch_modules(heads, m5):
         N.make_model(CFG, OBS_DIM, heads="auto")
 
 
+@pytest.mark.parametrize("gated", ["interpret", "gate_interpret"], ids=["gemm", "gate"])
 @pytest.mark.parametrize(
     "switches", [{}, {"dir_conditioning": False}, {"kan": False}], ids=["all_on", "no_m5", "no_m4"]
 )
 @pytest.mark.slow
-def test_m3_m4_gated_kernel_in_the_model_equals_the_per_branch_modules(switches):
-    """kernels.gated: the value/gate GEMM with the gate in its epilogue (interpreted) gives the
-    per-branch modules' outputs and gradients, with M5 (two calls: three branches, then
-    magnitude's on [h_m, cond]), without (one call) and with the sigmoid gate (no M4); the
-    undifferentiated forward runs the kernel, the gradient program does not (the reference's
-    VJP)."""
-    _fused_equals_per_branch(dataclasses.replace(CFG, **switches), "blockdiag", "interpret")
+def test_m3_m4_gated_kernel_in_the_model_equals_the_per_branch_modules(switches, gated):
+    """kernels.gated: the value/gate GEMM with the gate in its epilogue, and the gate and
+    product reading XLA's product in place (both interpreted), give the per-branch modules'
+    outputs and gradients, with M5 (two calls: three branches, then magnitude's), without (one
+    call) and with the sigmoid gate (no M4); the undifferentiated forward runs the kernel, the
+    gradient program does not (the reference's VJP)."""
+    _fused_equals_per_branch(dataclasses.replace(CFG, **switches), "blockdiag", gated)
     with pytest.raises(ValueError, match=r"kernels\.gated"):
         N.make_model(CFG, OBS_DIM, gated="auto")
 
@@ -690,9 +691,11 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
     # The setting is the one that ran: the kernels are in the program; split has one product
     # of one head's width [B, 4N] per branch, blockdiag only magnitude's (M5) or none.
     text = str(jax.make_jaxpr(lambda p: fused.apply(p, obs, v_min, dz).logits)(params))
-    assert ("pallas_call" in text) == (heads == "interpret" or gated == "interpret")
-    if gated == "interpret":  # one kernel call, two with M5; no other kernel in the program
-        assert text.count("pallas_call[") == 1 + bool(cfg.dir_conditioning), text
+    names = {"interpret": "gated_value_fwd", "gate_interpret": "gate_product_fwd"}
+    assert ("pallas_call" in text) == (heads == "interpret" or gated in names)
+    if gated in names:  # one kernel call, two with M5; no other kernel in the program
+        assert text.count("pallas_call[") == 1 + cfg.dir_conditioning, text
+        assert [name in text for name in names.values()] == [k == gated for k in names]
     widths = re.findall(r"f32\[\d+,(\d+)\] = dot_general", text)
     one_head = widths.count(str((1 + 3) * cfg.num_atoms))
     if heads != "interpret":
@@ -703,7 +706,8 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
         return lambda p: jnp.sum(jax.nn.log_softmax(model.apply(p, obs, v_min, dz).logits) * w)
 
     g_f, g_r = jax.grad(loss(fused))(params), jax.grad(loss(ref))(params)
-    assert "gated_value_fwd" not in str(jax.make_jaxpr(jax.grad(loss(fused)))(params))
+    grad_text = str(jax.make_jaxpr(jax.grad(loss(fused)))(params))
+    assert "gated_value_fwd" not in grad_text and "gate_product_fwd" not in grad_text
     for a, b in zip(jax.tree.leaves(g_f), jax.tree.leaves(g_r), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
         np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)

@@ -74,7 +74,7 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     "name,rule,default,choices",
     [
         ("heads", head_kernels, "blockdiag", ("split", "pallas", "interpret")),
-        ("gated", gated_kernels, "reference", ("pallas", "interpret")),
+        ("gated", gated_kernels, "reference", ("pallas", "interpret", "gate", "gate_interpret")),
         ("acting", acting_kernels, "reference", ("pallas", "interpret")),
     ],
     ids=["m6_heads", "m3_m4_gated", "m6_m7_acting"],

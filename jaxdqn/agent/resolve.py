@@ -198,13 +198,13 @@ def _fused_setting(name: str, setting: str, default: str, fused_setting: str) ->
 
 def gated_kernels(setting: str, fused_setting: str) -> str:
     """``kernels.gated`` resolved against ``kernels.fused`` (its setting, not its resolution):
-    ``auto`` = ``reference`` (the measured default: the kernel's Triton GEMM lost alone and
-    made acting slower, 0.85× on an H100, bench/RESULTS.md). Where ``kernels.fused=auto``
-    resolves to the per-branch modules (the CPU) every setting resolves to ``reference``, as
-    for :func:`head_kernels`.
+    ``auto`` = ``reference`` (the measured default: ``pallas``'s Triton GEMM lost alone and
+    made acting slower, 0.85× on an H100; ``gate`` is not measured yet, bench/RESULTS.md).
+    Where ``kernels.fused=auto`` resolves to the per-branch modules (the CPU) every setting
+    resolves to ``reference``, as for :func:`head_kernels`.
 
     Raises:
-      ConfigError: ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
+      ConfigError: any kernel setting with ``kernels.fused=reference``.
     """
     return _fused_setting("gated", setting, "reference", fused_setting)
 

@@ -248,10 +248,14 @@ class KernelsConfig:
         "only u * gate (pallas_kernels/gated.py; forward only: a differentiated pass, the "
         "learner's online network, runs the reference and gets its gradients; jnp where the "
         "kernel cannot be built), interpret = that kernel under the Pallas interpreter (CPU "
-        "tests). Equal to float rounding. auto = reference. Without the fused branches "
+        "tests); gate = XLA's value/gate product as in reference, then one Triton kernel per "
+        "call that reads u and g where the product wrote them and writes only u * gate (no "
+        "copy of the gate columns, no separate product pass; pallas_kernels/gate_product.py; "
+        "forward only, as pallas), gate_interpret = that kernel under the Pallas interpreter. "
+        "Equal to float rounding. auto = reference. Without the fused branches "
         "(kernels.fused=auto on the CPU) every setting resolves to reference; with "
         "kernels.fused=reference anything but auto or reference is an error",
-        choices=("auto", "reference", "pallas", "interpret"),
+        choices=("auto", "reference", "pallas", "interpret", "gate", "gate_interpret"),
     )
     acting: str = _f(
         "auto",

@@ -9,8 +9,9 @@ branches ordered k = (direction, order, urgency, magnitude) (:data:`FUSED_ORDER`
 
 1. one matrix product ``[u_k | g_k]_k = h_m [W_u^k | W_g^k]_k + b`` for every branch's value and
    gate path (the magnitude branch's rows for h_m only), then one gate call (M4's kernel, or the
-   sigmoid) and the product ``a_k = u_k ⊙ gate(g_k)`` — or both as one kernel per call with
-   ``kernels.gated`` (:mod:`jaxdqn.model.gated`);
+   sigmoid) and the product ``a_k = u_k ⊙ gate(g_k)`` — or, with ``kernels.gated``
+   (:mod:`jaxdqn.model.gated`), the product and gate as one kernel per call (``pallas``), or
+   the gate and ``u ⊙ gate`` as one kernel reading XLA's product in place (``gate``);
 2. the heads ``head_k = a_k [W_V^k | W_A^k] + b`` and the dueling combination for direction,
    order and urgency (:func:`jaxdqn.model.heads.branch_heads`, as ``kernels.heads`` says) — or,
    with ``statistics`` (``kernels.acting``), the Pallas kernel of
@@ -134,7 +135,7 @@ def fused_branches(
     Args:
       cfg: the model section.
       kan_backend, head_kernels, gated_kernels: ``kernels.kan``, ``kernels.heads`` and
-        ``kernels.gated`` resolved.
+        ``kernels.gated`` resolved (:data:`jaxdqn.model.gated.GATED`).
       statistics: ``None`` → the logits; ``"pallas"`` / ``"interpret"`` → the heads'
         statistics kernel (compiled / interpreted) and :class:`BranchStatistics` (forward
         only: no gradient is defined through it).
@@ -149,15 +150,25 @@ def fused_branches(
     # in the creation order of the per-branch modules
     prm = {key: BranchParams(width(key), ah, n, cfg.kan, name=key)() for key in BRANCH_KEYS}
     spec = gated_lib.GateSpec(cfg.kan, cfg.kan_grid_min, cfg.kan_grid_max, kan_backend)
-    if gated_kernels == "reference":
+    gemm_kernel = gated_kernels in gated_lib.GEMM_KERNELS
+    gate_kernel = gated_kernels in gated_lib.GATE_KERNELS
+    if not gemm_kernel:
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
         pre = affine(h_m, w, jnp.concatenate([prm[k][path][1] for path, k in cols]))
 
-    def gate(x: Array, keys: tuple[str, ...]) -> Array:
-        """M4 (or GLU's sigmoid) on ``x [B, m·AH]`` for the branches ``keys``."""
+    def gate_params(keys: tuple[str, ...]) -> tuple[Array | None, Array | None]:
+        """M4's (coeffs, w_res) of the branches ``keys`` side by side; (None, None) without M4."""
         cat = lambda i: jnp.concatenate([prm[k]["kan"][i] for k in keys], 0) if cfg.kan else None
-        return gated_lib.gate(x, cat(0), cat(1), spec)
+        return cat(0), cat(1)
+
+    def gated(u_src: Array, g_src: Array, u_cols: slice, g_cols: slice, keys) -> Array:
+        """``a = u ⊙ gate(g)`` for the branches ``keys`` from the given columns."""
+        if gate_kernel:
+            return gated_lib.gate_product(
+                u_src, g_src, u_cols, g_cols, *gate_params(keys), spec, gated_kernels
+            )
+        return u_src[:, u_cols] * gated_lib.gate(g_src[:, g_cols], *gate_params(keys), spec)
 
     def heads(a: Array, keys: tuple[str, ...]):
         """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]`` (or
@@ -182,10 +193,10 @@ def fused_branches(
 
     first = FUSED_ORDER[:3] if cfg.dir_conditioning else FUSED_ORDER
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
-    if gated_kernels != "reference":  # M3 + M4 in one kernel per call (gated.py)
+    if gemm_kernel:  # M3 + M4 in one kernel per call (gated.py)
         a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, gated_kernels)
     else:
-        a = pre[:, span("value")] * gate(pre[:, span("gate")], first)
+        a = gated(pre, pre, span("value"), span("gate"), first)
     out = heads(a, first)
     branch = lambda x, i: jax.tree.map(lambda y: y[:, i], x)
     fused = [branch(out, i) for i in range(len(first))]  # FUSED_ORDER
@@ -198,13 +209,13 @@ def fused_branches(
         cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
         mag_key = ("branch_magnitude",)
         mag = prm[mag_key[0]]
-        if gated_kernels != "reference":
+        if gemm_kernel:
             x = jnp.concatenate([h_m, cond], 1)
             a = gated_lib.gated_values([mag], x, spec, gated_kernels)
         else:
             u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
             g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
-            a = u * gate(g, mag_key)
+            a = gated(u, g, slice(0, ah), slice(0, ah), mag_key)
         fused.append(branch(heads(a, mag_key), 0))
     ordered = [fused[i] for i in FROM_FUSED]
     out = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *ordered)

@@ -11,7 +11,12 @@ For ``x [B, K]`` and m branches with value/gate paths ``W_u^k, W_g^k [K, AH]``, 
   :func:`jaxdqn.model.fused_branches.fused_branches` (no call into this module);
 - ``pallas``: :func:`pallas_kernels.gated.gated_value_pallas`, the GEMM with the gate in its
   epilogue (only ``a`` is written; the jnp path where the kernel cannot be built);
-- ``interpret``: that kernel under the Pallas interpreter (CPU tests).
+- ``interpret``: that kernel under the Pallas interpreter (CPU tests);
+- ``gate``: XLA's product as in ``reference``, then
+  :func:`pallas_kernels.gate_product.gate_product_pallas`, one kernel per call that reads u and g
+  where the product wrote them and writes only ``a`` (no copy of the gate columns, no separate
+  product pass; the jnp path where the kernel cannot be built);
+- ``gate_interpret``: that kernel under the Pallas interpreter (CPU tests).
 
 Forward only: where the model is differentiated (the learner's online pass), the custom VJP's
 forward rule runs :func:`gated_reference` (the same products and gate call as ``reference``)
@@ -30,11 +35,25 @@ from jax import Array
 
 from jaxdqn.model.dense import affine, default_precision
 from pallas_kernels import kan_gate
+from pallas_kernels.gate_product import gate_product_available, gate_product_pallas
 from pallas_kernels.gated import gated_kernel_available, gated_value_pallas
 
-__all__ = ["GATED", "GateSpec", "gate", "gated_reference", "gated_values"]
+__all__ = [
+    "GATED",
+    "GATE_KERNELS",
+    "GEMM_KERNELS",
+    "GateSpec",
+    "gate",
+    "gate_product",
+    "gated_reference",
+    "gated_values",
+]
 
-GATED = ("reference", "pallas", "interpret")
+GEMM_KERNELS = ("pallas", "interpret")
+"""``kernels.gated`` settings that compute the value/gate product in the kernel."""
+GATE_KERNELS = ("gate", "gate_interpret")
+"""``kernels.gated`` settings that keep XLA's product and fuse the gate and ``u ⊙ gate``."""
+GATED = ("reference", *GEMM_KERNELS, *GATE_KERNELS)
 """The resolved ``kernels.gated`` settings."""
 
 
@@ -100,8 +119,8 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
     ``"value"``, ``"gate"`` = (kernel, bias) and, with M4, ``"kan"`` = (coeffs, w_res); a
     kernel's first ``K`` rows are used) on ``x [B, K]``, by ``impl`` (``pallas`` or
     ``interpret``; module docstring)."""
-    if impl not in GATED[1:]:
-        raise ValueError(f"kernels.gated: {impl!r} is not one of {GATED[1:]}")
+    if impl not in GEMM_KERNELS:
+        raise ValueError(f"kernels.gated: {impl!r} is not one of {GEMM_KERNELS}")
     k = x.shape[1]
     side_by_side = lambda path: jnp.concatenate([p[path][0][:k] for p in branches], 1)
     stacked = lambda path, i: jnp.concatenate([p[path][i] for p in branches], 0)
@@ -113,3 +132,67 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
     if impl == "pallas" and not gated_kernel_available(k, w_u.shape[1], spec.kan, bf16):
         return gated_reference(*args, spec)
     return _gated(*args, spec, impl == "interpret", bf16)
+
+
+def _gate_product_reference(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec):
+    (u0, u1), (g0, g1) = u_cols, g_cols
+    return u_src[:, u0:u1] * gate(g_src[:, g0:g1], coeffs, w_res, spec)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _gate_product(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec, interpret):
+    return gate_product_pallas(
+        u_src,
+        g_src,
+        coeffs,
+        w_res,
+        u0=u_cols[0],
+        g0=g_cols[0],
+        width=u_cols[1] - u_cols[0],
+        grid_min=spec.grid_min,
+        grid_max=spec.grid_max,
+        interpret=interpret,
+    ).astype(u_src.dtype)
+
+
+def _gate_product_fwd(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec, interpret):
+    # Differentiated: the reference's forward (the slices, the gate call, the product), and
+    # its VJP kept: the gradients of the reference path exactly.
+    reference = functools.partial(_gate_product_reference, u_cols=u_cols, g_cols=g_cols, spec=spec)
+    return jax.vjp(reference, u_src, g_src, coeffs, w_res)
+
+
+def _gate_product_bwd(u_cols, g_cols, spec, interpret, vjp, g):
+    return vjp(g)
+
+
+_gate_product.defvjp(_gate_product_fwd, _gate_product_bwd)
+
+
+def gate_product(
+    u_src: Array,
+    g_src: Array,
+    u_cols: slice,
+    g_cols: slice,
+    coeffs: Array | None,
+    w_res: Array | None,
+    spec: GateSpec,
+    impl: str,
+) -> Array:
+    """``u_src[:, u_cols] ⊙ gate(g_src[:, g_cols])`` → ``[B, F]`` (both column ranges F wide;
+    ``u_src`` and ``g_src`` may be one array, e.g. the fused branches' ``[u | g]`` product) by
+    ``impl`` (``gate``: the Pallas kernel that reads both in place; ``gate_interpret``: it under
+    the Pallas interpreter). An undifferentiated pass runs the kernel; a differentiated one the
+    reference (the slices, :func:`gate`, the product) and its VJP."""
+    if impl not in GATE_KERNELS:
+        raise ValueError(f"kernels.gated: {impl!r} is not one of {GATE_KERNELS}")
+    u_cols, g_cols = (u_cols.start, u_cols.stop), (g_cols.start, g_cols.stop)
+    width = u_cols[1] - u_cols[0]
+    if g_cols[1] - g_cols[0] != width:
+        raise ValueError(f"gate_product: column ranges of different widths: {u_cols}, {g_cols}")
+    args = (u_src, g_src, coeffs, w_res)
+    if impl == "gate":
+        built = gate_product_available(width, spec.kan, u0=u_cols[0], g0=g_cols[0])
+        if not built:
+            return _gate_product_reference(*args, u_cols, g_cols, spec)
+    return _gate_product(*args, u_cols, g_cols, spec, impl == "gate_interpret")

@@ -22,13 +22,13 @@ Forward pass for observations ``obs [B, D]`` and a support ``z_i = v_min + i·Δ
 
 ``fused`` (``kernels.fused``) computes M3–M6 for all four branches together
 (:func:`jaxdqn.model.fused_branches.fused_branches`: one value/gate product, one gate call for
-direction, order and urgency, or both as one kernel per call with ``kernels.gated``
-(:mod:`jaxdqn.model.gated`), the heads of several branches at once as ``kernels.heads`` says,
-:func:`jaxdqn.model.heads.branch_heads`) with the per-branch modules' parameters; the per-branch
-:class:`Branch` modules are the reference. Acting reads only M7's statistics (``Model.act``);
-with ``kernels.acting`` the fused branches end in them without writing the logits. Every Dense
-layer is :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a GEMM bias gradient on
-accelerators).
+direction, order and urgency, or one kernel per call for both or for the gate and product with
+``kernels.gated``, :mod:`jaxdqn.model.gated`; the heads of several branches at once as
+``kernels.heads`` says, :func:`jaxdqn.model.heads.branch_heads`) with the per-branch modules'
+parameters; the per-branch :class:`Branch` modules are the reference. Acting reads only M7's
+statistics (``Model.act``); with ``kernels.acting`` the fused branches end in them without
+writing the logits. Every Dense layer is :class:`jaxdqn.model.dense.Dense` (``nn.Dense`` with a
+GEMM bias gradient on accelerators).
 
 ``matmul`` (``kernels.matmul``, f32 | bf16) is the operand precision of the products of the
 network, M12 and M8–M11 (:func:`jaxdqn.model.dense.matmul_precision`).
@@ -304,8 +304,8 @@ def make_model(
     interpret), ``statistics`` how M7 is computed (``kernels.statistics`` resolved:
     reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`),
     ``gated`` how the fused branches compute M3 + M4 (``kernels.gated`` resolved: reference |
-    pallas | interpret, :mod:`jaxdqn.model.gated`), ``acting`` how ``act`` computes the
-    statistics (``kernels.acting`` resolved: reference | pallas | interpret,
+    pallas | interpret | gate | gate_interpret, :mod:`jaxdqn.model.gated`), ``acting`` how
+    ``act`` computes the statistics (``kernels.acting`` resolved: reference | pallas | interpret,
     :mod:`jaxdqn.model.fused_branches`; ``pallas`` where its kernel cannot be built is
     ``reference``, with one warning); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
