@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
-from bench.kernels import n_sets, print_speed_table, rel, time_op
+from bench.kernels import int_tuples, n_sets, print_speed_table, rel, time_op
 from jaxdqn.model.dense import affine
 from jaxdqn.model.gated import GateSpec, gated_reference
 from pallas_kernels.gate_product import GateProductBlocks, gate_product_pallas
@@ -56,10 +56,6 @@ def gate_path(blocks, interpret):
     return fn
 
 
-def _ints(text):
-    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
@@ -84,15 +80,15 @@ def main(argv=None):
     dev = jax.devices()[0]
     print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
     spec = GateSpec(True, -3.0, 3.0, "interpret" if smoke else "pallas")
-    shapes = [(40, 24, 48)] if smoke else _ints(args.shapes)
+    shapes = [(40, 24, 48)] if smoke else int_tuples(args.shapes)
     candidates = [
         (f"Pallas bm={b[0]} bn={b[1]} bk={b[2]} w={b[3]}", b,
          functools.partial(gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
-        for b in ([(16, 16, 16, 4)] if smoke else _ints(args.tilings))
+        for b in ([(16, 16, 16, 4)] if smoke else int_tuples(args.tilings))
     ] + [
         (f"XLA affine + Pallas gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
          gate_path(GateProductBlocks(*b), smoke))
-        for b in ([(8, 16, 4)] if smoke else _ints(args.gate_tilings))
+        for b in ([(8, 16, 4)] if smoke else int_tuples(args.gate_tilings))
     ]  # fmt: skip
     table = []
     for rows, k, f in shapes:

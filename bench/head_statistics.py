@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
-from bench.kernels import n_sets, print_speed_table, rel, time_op
+from bench.kernels import int_tuples, n_sets, print_speed_table, rel, time_op
 from jaxdqn.model import distribution
 from jaxdqn.model.heads import branch_heads
 from pallas_kernels.head_statistics import HeadStatBlocks, head_statistics_pallas
@@ -73,11 +73,7 @@ def main(argv=None):
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
     dev = jax.devices()[0]
     print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
-    shapes = (
-        [(40, 3, 24)]
-        if smoke
-        else [(*(int(x) for x in s.split("x")), 256) for s in args.shapes.split(",")]
-    )
+    shapes = [(40, 3, 24)] if smoke else [(*s, 256) for s in int_tuples(args.shapes)]
     paths = [("XLA heads (blockdiag) + M7 reference", model_path("blockdiag", "reference"))]
     if not (smoke or args.kernel_only):
         paths += [
@@ -85,11 +81,7 @@ def main(argv=None):
             ("XLA heads (split) + M7 reference", model_path("split", "reference")),
             ("Pallas heads + Pallas M7", model_path("pallas", "pallas")),
         ]
-    tilings = (
-        [HeadStatBlocks(16, 16, 4)]
-        if smoke
-        else [HeadStatBlocks(*(int(x) for x in t.split("x"))) for t in args.tilings.split(",")]
-    )
+    tilings = [HeadStatBlocks(*t) for t in ([(16, 16, 4)] if smoke else int_tuples(args.tilings))]
     table = []
     for rows, m, k in shapes:
         size = f"{rows}×{m}×{k}"

@@ -167,6 +167,12 @@ def rel(got, want):
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
+def int_tuples(text: str) -> list[tuple[int, ...]]:
+    """``"64x32x4,128x32x8"`` → ``[(64, 32, 4), (128, 32, 8)]`` (shapes and tilings given on the
+    command line; an empty string gives none)."""
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item]
+
+
 def print_speed_table(table, size_header: str, error_header: str = "rel. error") -> None:
     """The kernels that fell back, then rows ``(size, implementation, µs, speed-up, error)``
     as a markdown table."""
