@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from bench.kernels import int_tuples, n_sets, print_speed_table, rel, time_op
-from jaxdqn.model.dense import affine
+from jaxdqn.model.dense import linear
 from jaxdqn.model.gated import GateSpec, gated_reference
 from pallas_kernels.gate_product import GateProductBlocks, gate_product_pallas
 from pallas_kernels.gated import GatedBlocks, gated_value_pallas
@@ -44,14 +44,16 @@ def inputs(key, rows, k, f):
 
 
 def gate_path(blocks, interpret):
-    """``kernels.gated=gate``: the reference's product, then the in-place gate kernel."""
+    """``kernels.gated=gate``: XLA's bias-free product, then the in-place kernel that adds the
+    biases, applies the gate and writes ``u ⊙ gate``."""
 
     def fn(x, w_u, w_g, b_u, b_g, coeffs, w_res):
         f = w_u.shape[1]
-        pre = affine(x, jnp.concatenate([w_u, w_g], 1), jnp.concatenate([b_u, b_g]))
+        pre = linear(x, jnp.concatenate([w_u, w_g], 1))
         return gate_product_pallas(
-            pre, pre, coeffs, w_res, g0=f, width=f, blocks=blocks, interpret=interpret
-        )
+            pre, pre, coeffs, w_res, g0=f, width=f, u_bias=b_u, g_bias=b_g, blocks=blocks,
+            interpret=interpret,
+        )  # fmt: skip
 
     return fn
 
@@ -72,7 +74,7 @@ def main(argv=None):
     )
     ap.add_argument(
         "--gate-tilings",
-        default="16x256x4,8x512x4,8x256x4,32x256x8,16x128x4",
+        default="32x64x4,32x128x4,16x128x4,16x256x4,8x256x4",
         help="the gate kernel's bm x bn x warps (empty: none)",
     )
     args = ap.parse_args(argv)
@@ -86,7 +88,7 @@ def main(argv=None):
          functools.partial(gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
         for b in ([(16, 16, 16, 4)] if smoke else int_tuples(args.tilings))
     ] + [
-        (f"XLA affine + Pallas gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
+        (f"XLA product + Pallas bias·gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
          gate_path(GateProductBlocks(*b), smoke))
         for b in ([(8, 16, 4)] if smoke else int_tuples(args.gate_tilings))
     ]  # fmt: skip

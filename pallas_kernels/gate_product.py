@@ -4,10 +4,14 @@
 Math. For ``u_src [B, Cu]`` and ``g_src [B, Cg]`` (often one array: the fused branches'
 ``[u | g]`` product), column offsets ``u0``, ``g0`` and a width ``F``:
 
-    a = u_src[:, u0 : u0 + F] ⊙ gate(g_src[:, g0 : g0 + F])            → a [B, F]
+    u = u_src[:, u0 : u0 + F] + b_u + c W_cu,   g = g_src[:, g0 : g0 + F] + b_g + c W_cg
+    a = u ⊙ gate(g)                                                          → a [B, F]
 
-with ``gate`` the KAN spline gate of :mod:`pallas_kernels.kan` (``coeffs [F, 8]``, ``w_res
-[F]``) or, with ``coeffs=None``, the sigmoid (GLU's gate).
+with the biases ``b_u``, ``b_g [F]`` optional (both or neither; zero without), the low-rank
+term optional (``c [B, r]``, ``W_cu``, ``W_cg [r, F]``, all or none; M5's conditioning of the
+magnitude branch on the direction's E[Q], r = 3) and ``gate`` the KAN spline gate of
+:mod:`pallas_kernels.kan` (``coeffs [F, 8]``, ``w_res [F]``) or, with ``coeffs=None``, the
+sigmoid (GLU's gate).
 
 Why a kernel. XLA computes ``a`` from the product ``[u | g]`` in three passes over ``[B, F]``:
 a copy of the gate columns (a custom call needs its operand in a buffer of its own), the gate
@@ -16,8 +20,13 @@ seven ``[B, F]`` transfers, 1.4 GB at acting's 65,536 rows × F = 768 (the actin
 bench/RESULTS.md, issue 33: the copies 94 µs, the product 139 µs, besides the gate). Here each
 program loads its ``[bm, bn]`` tiles of ``u`` and ``g`` where the product wrote them (raw
 offsets under the masks: contiguous, vectorised loads), applies the gate in registers and
-writes ``a`` once: three transfers. Unlike :mod:`pallas_kernels.gated`, XLA keeps the product
-(cuBLAS's TF32 GEMM, faster than a Triton GEMM at these shapes, bench/RESULTS.md).
+writes ``a`` once: three transfers. The biases are added here, in registers, so that XLA's
+product can be a bare GEMM: with the bias added by XLA, the sum ``[u | g] + b`` is one more
+pass over the whole product that the kernel's custom call cannot fuse (356 µs per acting step
+at 65,536 rows on an H100; bench/RESULTS.md); the rank-r term likewise (r FMAs per element)
+replaces M5's two small GEMMs and two ``[B, F]`` passes that add them to the slices. Unlike
+:mod:`pallas_kernels.gated`, XLA keeps the product (cuBLAS's TF32 GEMM, faster than a Triton
+GEMM at these shapes, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -43,11 +52,12 @@ __all__ = [
 
 
 class GateProductBlocks(tuple):
-    """Static tiling: (bm rows, bn columns, warps). Chosen on paper, not measured: 4,096
-    elements per program as P2's forward kernel (8 × 512), with ``bn`` dividing one branch's
-    AH = 256 columns so that no column tile is half masked at F = 768."""
+    """Static tiling: (bm rows, bn columns, warps). The default is the best of six tilings
+    for the sum of acting's two calls (65,536 rows; XLA's product plus this kernel with the
+    biases, ``python bench/gated.py``, H100, 2026-12-05): F = 768: 497 µs (16 × 256: 621,
+    32 × 128: 484); F = 256: 190 µs (16 × 256: 221). Not measured on the H200."""
 
-    def __new__(cls, bm=16, bn=256, warps=4):
+    def __new__(cls, bm=32, bn=64, warps=4):
         for v in (bm, bn):
             if v & (v - 1) or v <= 0:
                 raise ValueError(f"gate_product: block sizes must be powers of two, got {v}")
@@ -57,7 +67,7 @@ class GateProductBlocks(tuple):
 DEFAULT_GATE_PRODUCT_BLOCKS = GateProductBlocks()
 
 
-def _check(u_src, g_src, coeffs, w_res, u0: int, g0: int, f: int) -> None:
+def _check(u_src, g_src, coeffs, w_res, u0, g0, f, u_bias=None, g_bias=None, cond=None):
     ok = (
         u_src.ndim == 2
         and g_src.ndim == 2
@@ -69,37 +79,81 @@ def _check(u_src, g_src, coeffs, w_res, u0: int, g0: int, f: int) -> None:
         and g0 + f <= g_src.shape[1]
         and (coeffs is None) == (w_res is None)
         and (coeffs is None or (coeffs.shape == (f, NUM_BASES) and w_res.shape == (f,)))
+        and (u_bias is None) == (g_bias is None)
+        and (u_bias is None or (u_bias.shape == (f,) and g_bias.shape == (f,)))
+        and (cond is None or _cond_ok(cond, u_src.shape[0], f))
     )
     if not ok:
-        shapes = [None if v is None else v.shape for v in (u_src, g_src, coeffs, w_res)]
+        arrays = (u_src, g_src, coeffs, w_res, u_bias, g_bias, *(cond or ()))
+        shapes = [None if v is None else v.shape for v in arrays]
         raise ValueError(
             "gate_product: u_src [B, Cu], g_src [B, Cg], columns u0 + F <= Cu and g0 + F <= Cg, "
-            f"coeffs [F, 8] and w_res [F] (or both None) disagree: shapes {shapes}, "
+            "coeffs [F, 8] and w_res [F] (or both None), u_bias and g_bias [F] (or both None), "
+            f"cond = (c [B, r], W_cu [r, F], W_cg [r, F]) (or None) disagree: shapes {shapes}, "
             f"u0={u0}, g0={g0}, F={f}"
         )
 
 
+def _cond_ok(cond, rows: int, f: int) -> bool:
+    if not (isinstance(cond, tuple) and len(cond) == 3) or any(v is None for v in cond):
+        return False
+    c, w_cu, w_cg = cond
+    return c.ndim == 2 and c.shape[0] == rows and w_cu.shape == w_cg.shape == (c.shape[1], f)
+
+
 def gate_product_reference(
-    u_src, g_src, coeffs=None, w_res=None, *, u0=0, g0=0, width, grid_min=-3.0, grid_max=3.0
+    u_src,
+    g_src,
+    coeffs=None,
+    w_res=None,
+    *,
+    u0=0,
+    g0=0,
+    width,
+    u_bias=None,
+    g_bias=None,
+    cond=None,
+    grid_min=-3.0,
+    grid_max=3.0,
 ):
-    """``u_src[:, u0:u0+F] ⊙ gate(g_src[:, g0:g0+F])`` in jnp (module docstring)."""
-    _check(u_src, g_src, coeffs, w_res, u0, g0, width)
+    """``u ⊙ gate(g)`` with ``u = u_src[:, u0:u0+F] + b_u + c W_cu`` and likewise ``g`` in jnp
+    (module docstring)."""
+    _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     u, g = u_src[:, u0 : u0 + width], g_src[:, g0 : g0 + width]
+    if u_bias is not None:
+        u, g = u + u_bias, g + g_bias
+    if cond is not None:
+        c, w_cu, w_cg = cond
+        u, g = u + c @ w_cu, g + c @ w_cg
     if coeffs is None:
         return u * jax.nn.sigmoid(g)
     return u * kan_gate_reference(g, coeffs, w_res, grid_min=grid_min, grid_max=grid_max)
 
 
-def _kernel(u_ref, g_ref, *rest, bm, bn, u0, g0, width, kan, lo, hi):
-    o_ref = rest[-1]
+def _kernel(*refs, bm, bn, u0, g0, width, kan, bias, rank, lo, hi):
+    refs = iter(refs)
+    u_ref, g_ref = next(refs), next(refs)
+    gate_refs = (next(refs), next(refs)) if kan else None
+    bu_ref, bg_ref = (next(refs), next(refs)) if bias else (None, None)
+    c_ref, wcu_ref, wcg_ref = (next(refs), next(refs), next(refs)) if rank else (None,) * 3
+    o_ref = next(refs)
     rows = pl.program_id(0) * bm + jnp.arange(bm, dtype=jnp.int32)
     cols = pl.program_id(1) * bn + jnp.arange(bn, dtype=jnp.int32)
-    col_ok = cols < width
-    mask = (rows < u_ref.shape[0])[:, None] & col_ok[None, :]
+    row_ok, col_ok = rows < u_ref.shape[0], cols < width
+    mask = row_ok[:, None] & col_ok[None, :]
     u = pl_triton.load(u_ref.at[rows[:, None], (u0 + cols)[None, :]], mask=mask, other=0.0)
     g = pl_triton.load(g_ref.at[rows[:, None], (g0 + cols)[None, :]], mask=mask, other=0.0)
+    if bias:
+        u = u + pl_triton.load(bu_ref.at[cols], mask=col_ok, other=0.0)[None, :]
+        g = g + pl_triton.load(bg_ref.at[cols], mask=col_ok, other=0.0)[None, :]
+    for j in range(rank):  # c W_c as r outer products: r FMAs per element, no GEMM
+        at_j = jnp.full((1, 1), j, jnp.int32)
+        c_j = pl_triton.load(c_ref.at[rows[:, None], at_j], mask=row_ok[:, None], other=0.0)
+        w_at = (at_j, cols[None, :])
+        u = u + c_j * pl_triton.load(wcu_ref.at[w_at], mask=col_ok[None, :], other=0.0)
+        g = g + c_j * pl_triton.load(wcg_ref.at[w_at], mask=col_ok[None, :], other=0.0)
     if kan:
-        gate = spline_gate_tile(g, load_gate_params(rest[0], rest[1], cols, col_ok), lo, hi)
+        gate = spline_gate_tile(g, load_gate_params(*gate_refs, cols, col_ok), lo, hi)
     else:
         gate = jax.nn.sigmoid(g)
     pl_triton.store(o_ref.at[rows[:, None], cols[None, :]], u * gate, mask=mask)
@@ -114,6 +168,9 @@ def gate_product_pallas(
     u0=0,
     g0=0,
     width,
+    u_bias=None,
+    g_bias=None,
+    cond=None,
     grid_min=-3.0,
     grid_max=3.0,
     blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
@@ -121,7 +178,7 @@ def gate_product_pallas(
 ):
     """The kernel on float32 operands (arguments as :func:`gate_product_reference`) → ``[B, F]``.
     Forward only: not differentiable (the model differentiates through its reference)."""
-    _check(u_src, g_src, coeffs, w_res, u0, g0, width)
+    _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     bm, bn, warps = GateProductBlocks(*blocks)
     kan = coeffs is not None
     kernel = functools.partial(
@@ -132,6 +189,8 @@ def gate_product_pallas(
         g0=int(g0),
         width=int(width),
         kan=kan,
+        bias=u_bias is not None,
+        rank=0 if cond is None else int(cond[0].shape[1]),
         lo=float(grid_min),
         hi=float(grid_max),
     )
@@ -139,6 +198,10 @@ def gate_product_pallas(
     args = [u_src.astype(f32), g_src.astype(f32)]
     if kan:
         args += [coeffs.T.astype(f32), w_res.astype(f32)]  # [8, F]: contiguous c_k rows
+    if u_bias is not None:
+        args += [u_bias.astype(f32), g_bias.astype(f32)]
+    if cond is not None:
+        args += [v.astype(f32) for v in cond]
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((u_src.shape[0], width), f32),
@@ -150,18 +213,32 @@ def gate_product_pallas(
 
 
 def gate_product_available(
-    width: int, kan: bool, blocks=DEFAULT_GATE_PRODUCT_BLOCKS, *, u0: int = 0, g0: int = 0
+    width: int,
+    kan: bool,
+    blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
+    *,
+    u0: int = 0,
+    g0: int = 0,
+    bias: bool = False,
+    rank: int = 0,
 ) -> bool:
     """Whether the Triton kernel builds here for ``F`` columns at the offsets ``u0``, ``g0`` of
-    one source and the gate kind (probed once per process; one warning and False where it
-    cannot, :func:`pallas_kernels._backend`)."""
+    one source, the gate kind, with or without the biases and with a rank-``rank`` term (0:
+    none) (probed once per process; one warning and False where it cannot,
+    :func:`pallas_kernels._backend`)."""
 
     def build():
         rows, cols = 2 * blocks[0] + 3, max(u0, g0) + width  # ragged rows
         src = np.linspace(-4.0, 4.0, rows * cols, dtype=np.float32).reshape(rows, cols)
         gate = (np.full((width, NUM_BASES), 0.5, np.float32), np.zeros(width, np.float32))
-        fwd = functools.partial(gate_product_pallas, u0=u0, g0=g0, width=width, blocks=blocks)
+        b = np.linspace(-1.0, 1.0, width, dtype=np.float32) if bias else None
+        w = np.ones((rank, width), np.float32)
+        cond = (src[:, :rank], w, w) if rank else None
+        fwd = functools.partial(
+            gate_product_pallas, u0=u0, g0=g0, width=width, u_bias=b, g_bias=b, blocks=blocks
+        )
+        fwd = functools.partial(fwd, cond=cond)
         jax.block_until_ready(jax.jit(fwd)(src, src, *(gate if kan else (None, None))))
 
-    key = ("gate_product", width, kan, u0, g0, tuple(blocks))
+    key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks))
     return _backend.kernel_available(key, build)

@@ -8,7 +8,6 @@ checked on the CPU too, at configs/gpu.yaml's acting sizes.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -38,17 +37,18 @@ def kernel(*args, **kw):
     return np.asarray(out)
 
 
-def _by_hand(u_src, g_src, coeffs, w_res, u0, g0, f):
+def _by_hand(u_src, g_src, coeffs, w_res, u0, g0, f, u_bias=None, g_bias=None, cond=None):
     """Float64: the gated path's definition (test_m3_gated_kernel: the B-spline gate by
     Cox–de Boor) with selection matrices as the products, so u and g are the given columns
-    exactly."""
+    exactly, plus the biases and c W_c (c as more inputs, W_c as their rows)."""
     pick = lambda c, c0: np.eye(c, dtype=np.float64)[:, c0 : c0 + f]
-    x = np.concatenate([u_src, g_src], 1).astype(np.float64)
-    cu = u_src.shape[1]
-    w_u = np.concatenate([pick(cu, u0), np.zeros((g_src.shape[1], f))], 0)
-    w_g = np.concatenate([np.zeros((cu, f)), pick(g_src.shape[1], g0)], 0)
-    zero = np.zeros(f)
-    return gated_by_definition(x, w_u, w_g, zero, zero, coeffs, w_res)
+    c, w_cu, w_cg = cond if cond is not None else (np.zeros((len(u_src), 0)), None, None)
+    x = np.concatenate([u_src, g_src, c], 1).astype(np.float64)
+    cu, cg, zeros = u_src.shape[1], g_src.shape[1], lambda n: np.zeros((n, f))
+    w_u = np.concatenate([pick(cu, u0), zeros(cg), zeros(0) if cond is None else w_cu], 0)
+    w_g = np.concatenate([zeros(cu), pick(cg, g0), zeros(0) if cond is None else w_cg], 0)
+    b_u, b_g = (np.zeros(f), np.zeros(f)) if u_bias is None else (u_bias, g_bias)
+    return gated_by_definition(x, w_u, w_g, b_u, b_g, coeffs, w_res)
 
 
 def _sources(rows, cu, cg, f, seed, kan=True):
@@ -59,29 +59,44 @@ def _sources(rows, cu, cg, f, seed, kan=True):
     return u_src, g_src, *(gate if kan else (None, None))
 
 
+def _extras(rows, f, which, seed):
+    """The optional terms: biases [F] and/or M5's c [B, 3] with W_cu, W_cg [3, F]."""
+    rng = np.random.default_rng(seed)
+    normal = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    out = {}
+    if "bias" in which:
+        out.update(u_bias=normal(f), g_bias=normal(f))
+    if "cond" in which:
+        out["cond"] = (normal(rows, 3), normal(3, f), normal(3, f))
+    return out
+
+
 @pytest.mark.parametrize("kan", [True, False], ids=["kan", "sigmoid"])
 @pytest.mark.parametrize(
-    "rows,f,offsets,blocks",
+    "rows,f,offsets,extras,blocks",
     [
-        (37, 40, "one_source", GateProductBlocks(8, 16, 4)),
-        (70, 50, "two_sources", GateProductBlocks(16, 32, 4)),
-        (19, 24, "one_source", DEFAULT_GATE_PRODUCT_BLOCKS),
+        (37, 40, "one_source", "bias", GateProductBlocks(8, 16, 4)),
+        (70, 50, "two_sources", "", GateProductBlocks(16, 32, 4)),
+        (45, 24, "one_source", "bias_cond", GateProductBlocks(16, 16, 4)),
+        (19, 24, "one_source", "bias", DEFAULT_GATE_PRODUCT_BLOCKS),
     ],
-    ids=["ragged", "two_sources", "default_blocks"],
+    ids=["ragged", "two_sources", "m5", "default_blocks"],
 )
-def test_m3_m4_gate_product_kernel_equals_float64_numpy(kan, rows, f, offsets, blocks):
-    """u ⊙ gate(g) read at column offsets: one source [u | g] (the fused branches' product,
-    u at 0 and g at F, with a spare column after) or two (magnitude's u and g at offsets of
-    their own); ragged rows and columns (masked tiles on every edge); the KAN gate by its
-    B-spline definition or the sigmoid; and the jnp reference agrees."""
+def test_m3_m4_gate_product_kernel_equals_float64_numpy(kan, rows, f, offsets, extras, blocks):
+    """(u + b_u + c W_cu) ⊙ gate(g + b_g + c W_cg) read at column offsets: one source [u | g]
+    (the fused branches' bias-free product, u at 0 and g at F, with a spare column after, the
+    biases added by the kernel; and, as M5's call, c W_c too) or two (u and g at offsets of
+    their own, nothing added); ragged rows and columns (masked tiles on every edge); the KAN
+    gate by its B-spline definition or the sigmoid; and the jnp reference agrees."""
     if offsets == "one_source":
         src, _, coeffs, w_res = _sources(rows, 2 * f + 1, 1, f, seed=rows, kan=kan)
         u_src, g_src, u0, g0 = src, src, 0, f
     else:
         u_src, g_src, coeffs, w_res = _sources(rows, f + 3, f + 5, f, seed=rows, kan=kan)
         u0, g0 = 3, 5
-    want = _by_hand(u_src, g_src, coeffs, w_res, u0, g0, f)
-    kw = dict(u0=u0, g0=g0, width=f)
+    more = _extras(rows, f, extras, seed=rows + 1)
+    want = _by_hand(u_src, g_src, coeffs, w_res, u0, g0, f, **more)
+    kw = dict(u0=u0, g0=g0, width=f, **more)
     got = kernel(u_src, g_src, coeffs, w_res, **kw, blocks=blocks)
     assert got.shape == (rows, f) and got.dtype == np.float32
     scale = np.abs(want).max()
@@ -108,6 +123,17 @@ def test_m3_gate_product_kernel_refuses_bad_shapes_and_blocks():
         gate_product_pallas(src, src[:4], coeffs, w_res, g0=16, width=16, interpret=True)
     with pytest.raises(ValueError, match="disagree"):  # coeffs without w_res
         gate_product_pallas(src, src, coeffs, None, g0=16, width=16, interpret=True)
+    b = np.zeros(16, np.float32)
+    with pytest.raises(ValueError, match="disagree"):  # one bias without the other
+        gate_product_pallas(src, src, coeffs, w_res, g0=16, width=16, u_bias=b, interpret=True)
+    with pytest.raises(ValueError, match="disagree"):  # a bias of the wrong width
+        gate_product_pallas(
+            src, src, coeffs, w_res, g0=16, width=16, u_bias=b, g_bias=b[:8], interpret=True
+        )
+    c, w_c = np.zeros((8, 3), np.float32), np.zeros((3, 16), np.float32)
+    for cond in ((c, w_c), (c, w_c, w_c[:2]), (c[:4], w_c, w_c), (c, w_c, None)):
+        with pytest.raises(ValueError, match="disagree"):  # c [B, r] with W_cu, W_cg [r, F]
+            gate_product_pallas(src, src, coeffs, w_res, g0=16, width=16, cond=cond)
     with pytest.raises(ValueError, match="powers of two"):
         GateProductBlocks(24, 256, 4)
     if jax.default_backend() == "gpu":
@@ -119,13 +145,23 @@ def test_m3_gate_product_kernel_refuses_bad_shapes_and_blocks():
 
 def test_m3_gate_product_kernel_lowers_to_triton_at_acting_sizes():
     """Pallas → Triton IR for CUDA on the CPU (no GPU needed) at acting's sizes: 65,536 rows
-    of the three branches' [u | g] (1,536 columns, g at 768) and magnitude's own u and g
-    (256 columns each), with the KAN gate and the sigmoid."""
+    in the fused bias-free product [u | g] of 2,048 columns: the three branches' call (768
+    columns, g at 1,024; the kernel adds the biases) and magnitude's under M5 (256 columns at
+    768 and 1,792, biases and c W_c with r = 3); and two sources without either; with the KAN
+    gate and the sigmoid."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-    for cu, f, g0 in ((1536, 768, 768), (256, 256, 0)):
+    calls = ((768, 0, 1024, True, 0), (256, 768, 1792, True, 3), (256, 0, 0, False, 0))
+    for f, u0, g0, bias, rank in calls:
         for kan in (True, False):
             gate = (spec(f, 8), spec(f)) if kan else (None, None)
-            fn = jax.jit(functools.partial(gate_product_pallas, g0=g0, width=f))
-            text = fn.trace(spec(65536, cu), spec(65536, cu), *gate)
+            biases = (spec(f), spec(f)) if bias else (None, None)
+            cond = (spec(65536, rank), spec(rank, f), spec(rank, f)) if rank else None
+
+            def run(u, g, c, w, bu, bg, cond, u0=u0, g0=g0, f=f):
+                kw = dict(u0=u0, g0=g0, width=f, u_bias=bu, g_bias=bg, cond=cond)
+                return gate_product_pallas(u, g, c, w, **kw)
+
+            src = spec(65536, 2048)
+            text = jax.jit(run).trace(src, src, *gate, *biases, cond)
             text = text.lower(lowering_platforms=("cuda",)).as_text()
             assert text.count("__gpu$xla.gpu.triton") == 1

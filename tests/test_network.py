@@ -696,6 +696,10 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
     if gated in names:  # one kernel call, two with M5; no other kernel in the program
         assert text.count("pallas_call[") == 1 + cfg.dir_conditioning, text
         assert [name in text for name in names.values()] == [k == gated for k in names]
+    # The value/gate product [B, 8·AH] gets its bias from XLA, except under the gate kernel,
+    # which adds it where it reads u and g (no pass of its own over the product).
+    bias_pass = f"f32[{B},{8 * cfg.ah}] = add" in text
+    assert bias_pass == (gated == "reference"), text
     widths = re.findall(r"f32\[\d+,(\d+)\] = dot_general", text)
     one_head = widths.count(str((1 + 3) * cfg.num_atoms))
     if heads != "interpret":

@@ -115,6 +115,15 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     return _gemm_bias(x, kernel, bias, default_precision())
 
 
+def linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x @ kernel`` over the last axis, without a bias: for a consumer that adds the bias
+    itself (a kernel that reads the product, :func:`pallas_kernels.gate_product`), where XLA
+    would otherwise write ``x @ kernel + bias`` in a pass of its own. The precision in effect
+    (:func:`default_precision`) is the ``dot_general``'s, so its transposes keep it."""
+    precision = None if jax.default_backend() == "cpu" else default_precision()
+    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
+
+
 class Dense(nn.Module):
     """Drop-in for ``flax.linen.Dense`` (float32, with bias) computed by :func:`affine`."""
 

@@ -34,7 +34,7 @@ from jaxdqn.branches import BRANCH_KEYS, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
-from jaxdqn.model.dense import affine, default_precision
+from jaxdqn.model.dense import affine, default_precision, linear
 from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
 from jaxdqn.model.heads import branch_heads
 from pallas_kernels import kan_gate_init
@@ -155,7 +155,10 @@ def fused_branches(
     if not gemm_kernel:
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
-        pre = affine(h_m, w, jnp.concatenate([prm[k][path][1] for path, k in cols]))
+        b = jnp.concatenate([prm[k][path][1] for path, k in cols])
+        # The gate kernel adds the biases where it reads u and g: XLA would add them in a
+        # pass of its own over the whole product, which the kernel's call cannot fuse.
+        pre = linear(h_m, w) if gate_kernel else affine(h_m, w, b)
 
     def gate_params(keys: tuple[str, ...]) -> tuple[Array | None, Array | None]:
         """M4's (coeffs, w_res) of the branches ``keys`` side by side; (None, None) without M4."""
@@ -164,11 +167,14 @@ def fused_branches(
 
     def gated(u_src: Array, g_src: Array, u_cols: slice, g_cols: slice, keys) -> Array:
         """``a = u ⊙ gate(g)`` for the branches ``keys`` from the given columns."""
-        if gate_kernel:
-            return gated_lib.gate_product(
-                u_src, g_src, u_cols, g_cols, *gate_params(keys), spec, gated_kernels
-            )
         return u_src[:, u_cols] * gated_lib.gate(g_src[:, g_cols], *gate_params(keys), spec)
+
+    def gate_kernel_call(u_cols: slice, g_cols: slice, keys, cond=None) -> Array:
+        """:func:`gated` by the gate kernel, reading the bias-free product ``pre`` in place and
+        adding the biases (and M5's ``cond`` term) where it reads u and g."""
+        biases = b[u_cols], b[g_cols]
+        args = (pre, pre, u_cols, g_cols, *gate_params(keys), spec, gated_kernels, *biases)
+        return gated_lib.gate_product(*args, cond=cond)
 
     def heads(a: Array, keys: tuple[str, ...]):
         """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]`` (or
@@ -195,6 +201,8 @@ def fused_branches(
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
     if gemm_kernel:  # M3 + M4 in one kernel per call (gated.py)
         a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, gated_kernels)
+    elif gate_kernel:
+        a = gate_kernel_call(span("value"), span("gate"), first)
     else:
         a = gated(pre, pre, span("value"), span("gate"), first)
     out = heads(a, first)
@@ -212,6 +220,10 @@ def fused_branches(
         if gemm_kernel:
             x = jnp.concatenate([h_m, cond], 1)
             a = gated_lib.gated_values([mag], x, spec, gated_kernels)
+        elif gate_kernel:  # cond W_cond in the kernel: r = 3 FMAs per element, no GEMM
+            w_cond = (mag["value"][0][sh2:], mag["gate"][0][sh2:])
+            mag_cols = cols["value", mag_key[0]], cols["gate", mag_key[0]]
+            a = gate_kernel_call(*mag_cols, mag_key, (cond, *w_cond))
         else:
             u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
             g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]

@@ -134,13 +134,23 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
     return _gated(*args, spec, impl == "interpret", bf16)
 
 
-def _gate_product_reference(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec):
+def _gate_product_reference(
+    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec
+):
     (u0, u1), (g0, g1) = u_cols, g_cols
-    return u_src[:, u0:u1] * gate(g_src[:, g0:g1], coeffs, w_res, spec)
+    u, g = u_src[:, u0:u1], g_src[:, g0:g1]
+    if u_bias is not None:
+        u, g = u + u_bias, g + g_bias
+    if cond is not None:
+        c, w_cu, w_cg = cond
+        u, g = u + c @ w_cu, g + c @ w_cg
+    return u * gate(g, coeffs, w_res, spec)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _gate_product(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+def _gate_product(
+    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec, interpret
+):
     return gate_product_pallas(
         u_src,
         g_src,
@@ -149,17 +159,21 @@ def _gate_product(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec, interpret):
         u0=u_cols[0],
         g0=g_cols[0],
         width=u_cols[1] - u_cols[0],
+        u_bias=u_bias,
+        g_bias=g_bias,
+        cond=cond,
         grid_min=spec.grid_min,
         grid_max=spec.grid_max,
         interpret=interpret,
     ).astype(u_src.dtype)
 
 
-def _gate_product_fwd(u_src, g_src, coeffs, w_res, u_cols, g_cols, spec, interpret):
-    # Differentiated: the reference's forward (the slices, the gate call, the product), and
-    # its VJP kept: the gradients of the reference path exactly.
+def _gate_product_fwd(*args):
+    # Differentiated: the reference's forward (the slices, the bias and rank-r adds, the gate
+    # call, the product), and its VJP kept: the gradients of the reference path exactly.
+    *arrays, u_cols, g_cols, spec, _interpret = args
     reference = functools.partial(_gate_product_reference, u_cols=u_cols, g_cols=g_cols, spec=spec)
-    return jax.vjp(reference, u_src, g_src, coeffs, w_res)
+    return jax.vjp(reference, *arrays)
 
 
 def _gate_product_bwd(u_cols, g_cols, spec, interpret, vjp, g):
@@ -178,21 +192,32 @@ def gate_product(
     w_res: Array | None,
     spec: GateSpec,
     impl: str,
+    u_bias: Array | None = None,
+    g_bias: Array | None = None,
+    cond: tuple[Array, Array, Array] | None = None,
 ) -> Array:
-    """``u_src[:, u_cols] ⊙ gate(g_src[:, g_cols])`` → ``[B, F]`` (both column ranges F wide;
-    ``u_src`` and ``g_src`` may be one array, e.g. the fused branches' ``[u | g]`` product) by
-    ``impl`` (``gate``: the Pallas kernel that reads both in place; ``gate_interpret``: it under
-    the Pallas interpreter). An undifferentiated pass runs the kernel; a differentiated one the
-    reference (the slices, :func:`gate`, the product) and its VJP."""
+    """``u ⊙ gate(g)`` → ``[B, F]`` with ``u = u_src[:, u_cols] + u_bias + c W_cu`` and ``g =
+    g_src[:, g_cols] + g_bias + c W_cg`` (both column ranges F wide; the biases ``[F]``, both
+    or neither; ``cond = (c [B, r], W_cu, W_cg [r, F])`` or None; ``u_src`` and ``g_src`` may
+    be one array, e.g. the fused branches' bias-free ``[u | g]`` product) by ``impl``
+    (``gate``: the Pallas kernel that reads both in place and adds the rest in registers;
+    ``gate_interpret``: it under the Pallas interpreter). An undifferentiated pass runs the
+    kernel; a differentiated one the reference (the slices, the adds, :func:`gate`, the
+    product) and its VJP."""
     if impl not in GATE_KERNELS:
         raise ValueError(f"kernels.gated: {impl!r} is not one of {GATE_KERNELS}")
+    if (u_bias is None) != (g_bias is None):
+        raise ValueError("gate_product: give both biases or neither")
     u_cols, g_cols = (u_cols.start, u_cols.stop), (g_cols.start, g_cols.stop)
     width = u_cols[1] - u_cols[0]
     if g_cols[1] - g_cols[0] != width:
         raise ValueError(f"gate_product: column ranges of different widths: {u_cols}, {g_cols}")
-    args = (u_src, g_src, coeffs, w_res)
+    args = (u_src, g_src, coeffs, w_res, u_bias, g_bias, cond)
     if impl == "gate":
-        built = gate_product_available(width, spec.kan, u0=u_cols[0], g0=g_cols[0])
+        bias, rank = u_bias is not None, 0 if cond is None else cond[0].shape[1]
+        built = gate_product_available(
+            width, spec.kan, u0=u_cols[0], g0=g_cols[0], bias=bias, rank=rank
+        )
         if not built:
             return _gate_product_reference(*args, u_cols, g_cols, spec)
     return _gate_product(*args, u_cols, g_cols, spec, impl == "gate_interpret")
