@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_GATE_PRODUCT_BLOCKS",
     "GateProductBlocks",
     "gate_product_available",
+    "gate_product_inputs",
     "gate_product_pallas",
     "gate_product_reference",
 ]
@@ -101,6 +102,19 @@ def _cond_ok(cond, rows: int, f: int) -> bool:
     return c.ndim == 2 and c.shape[0] == rows and w_cu.shape == w_cg.shape == (c.shape[1], f)
 
 
+def gate_product_inputs(u_src, g_src, u_cols, g_cols, u_bias=None, g_bias=None, cond=None):
+    """The kernel's ``u``, ``g [B, F]`` in jnp: the column ranges ``u_cols``, ``g_cols`` =
+    ``(start, stop)`` of the sources plus the biases and ``c W_cu``, ``c W_cg`` where given
+    (module docstring; no shape checks)."""
+    u, g = u_src[:, u_cols[0] : u_cols[1]], g_src[:, g_cols[0] : g_cols[1]]
+    if u_bias is not None:
+        u, g = u + u_bias, g + g_bias
+    if cond is not None:
+        c, w_cu, w_cg = cond
+        u, g = u + c @ w_cu, g + c @ w_cg
+    return u, g
+
+
 def gate_product_reference(
     u_src,
     g_src,
@@ -119,12 +133,9 @@ def gate_product_reference(
     """``u ⊙ gate(g)`` with ``u = u_src[:, u0:u0+F] + b_u + c W_cu`` and likewise ``g`` in jnp
     (module docstring)."""
     _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
-    u, g = u_src[:, u0 : u0 + width], g_src[:, g0 : g0 + width]
-    if u_bias is not None:
-        u, g = u + u_bias, g + g_bias
-    if cond is not None:
-        c, w_cu, w_cg = cond
-        u, g = u + c @ w_cu, g + c @ w_cg
+    u, g = gate_product_inputs(
+        u_src, g_src, (u0, u0 + width), (g0, g0 + width), u_bias, g_bias, cond
+    )
     if coeffs is None:
         return u * jax.nn.sigmoid(g)
     return u * kan_gate_reference(g, coeffs, w_res, grid_min=grid_min, grid_max=grid_max)
@@ -234,10 +245,8 @@ def gate_product_available(
         b = np.linspace(-1.0, 1.0, width, dtype=np.float32) if bias else None
         w = np.ones((rank, width), np.float32)
         cond = (src[:, :rank], w, w) if rank else None
-        fwd = functools.partial(
-            gate_product_pallas, u0=u0, g0=g0, width=width, u_bias=b, g_bias=b, blocks=blocks
-        )
-        fwd = functools.partial(fwd, cond=cond)
+        kw = dict(u0=u0, g0=g0, width=width, u_bias=b, g_bias=b, cond=cond, blocks=blocks)
+        fwd = functools.partial(gate_product_pallas, **kw)
         jax.block_until_ready(jax.jit(fwd)(src, src, *(gate if kan else (None, None))))
 
     key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks))

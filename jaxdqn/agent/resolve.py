@@ -199,7 +199,8 @@ def _fused_setting(name: str, setting: str, default: str, fused_setting: str) ->
 def gated_kernels(setting: str, fused_setting: str) -> str:
     """``kernels.gated`` resolved against ``kernels.fused`` (its setting, not its resolution):
     ``auto`` = ``reference`` (the measured default: ``pallas``'s Triton GEMM lost alone and
-    made acting slower, 0.85× on an H100; ``gate`` is not measured yet, bench/RESULTS.md).
+    made acting slower, 0.85× on an H100; ``gate`` with ``kernels.acting=pallas`` made acting
+    1.14× faster than that alone on an H100, but has no learning check yet, bench/RESULTS.md).
     Where ``kernels.fused=auto`` resolves to the per-branch modules (the CPU) every setting
     resolves to ``reference``, as for :func:`head_kernels`.
 

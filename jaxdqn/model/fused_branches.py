@@ -11,7 +11,8 @@ branches ordered k = (direction, order, urgency, magnitude) (:data:`FUSED_ORDER`
    gate path (the magnitude branch's rows for h_m only), then one gate call (M4's kernel, or the
    sigmoid) and the product ``a_k = u_k ⊙ gate(g_k)`` — or, with ``kernels.gated``
    (:mod:`jaxdqn.model.gated`), the product and gate as one kernel per call (``pallas``), or
-   the gate and ``u ⊙ gate`` as one kernel reading XLA's product in place (``gate``);
+   the biases, gate and ``u ⊙ gate`` as one kernel reading XLA's bias-free product in place
+   (``gate``);
 2. the heads ``head_k = a_k [W_V^k | W_A^k] + b`` and the dueling combination for direction,
    order and urgency (:func:`jaxdqn.model.heads.branch_heads`, as ``kernels.heads`` says) — or,
    with ``statistics`` (``kernels.acting``), the Pallas kernel of

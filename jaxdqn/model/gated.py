@@ -12,10 +12,11 @@ For ``x [B, K]`` and m branches with value/gate paths ``W_u^k, W_g^k [K, AH]``, 
 - ``pallas``: :func:`pallas_kernels.gated.gated_value_pallas`, the GEMM with the gate in its
   epilogue (only ``a`` is written; the jnp path where the kernel cannot be built);
 - ``interpret``: that kernel under the Pallas interpreter (CPU tests);
-- ``gate``: XLA's product as in ``reference``, then
+- ``gate``: XLA's product as in ``reference`` but without its bias, then
   :func:`pallas_kernels.gate_product.gate_product_pallas`, one kernel per call that reads u and g
-  where the product wrote them and writes only ``a`` (no copy of the gate columns, no separate
-  product pass; the jnp path where the kernel cannot be built);
+  where the product wrote them, adds the biases (and M5's ``cond W_cond`` for magnitude) and
+  writes only ``a`` (no bias pass, no copy of the gate columns, no separate product pass; the
+  jnp path where the kernel cannot be built);
 - ``gate_interpret``: that kernel under the Pallas interpreter (CPU tests).
 
 Forward only: where the model is differentiated (the learner's online pass), the custom VJP's
@@ -35,7 +36,11 @@ from jax import Array
 
 from jaxdqn.model.dense import affine, default_precision
 from pallas_kernels import kan_gate
-from pallas_kernels.gate_product import gate_product_available, gate_product_pallas
+from pallas_kernels.gate_product import (
+    gate_product_available,
+    gate_product_inputs,
+    gate_product_pallas,
+)
 from pallas_kernels.gated import gated_kernel_available, gated_value_pallas
 
 __all__ = [
@@ -137,13 +142,8 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
 def _gate_product_reference(
     u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec
 ):
-    (u0, u1), (g0, g1) = u_cols, g_cols
-    u, g = u_src[:, u0:u1], g_src[:, g0:g1]
-    if u_bias is not None:
-        u, g = u + u_bias, g + g_bias
-    if cond is not None:
-        c, w_cu, w_cg = cond
-        u, g = u + c @ w_cu, g + c @ w_cg
+    # The kernel's inputs, then the gate as kernels.kan computes it (P2 where it runs).
+    u, g = gate_product_inputs(u_src, g_src, u_cols, g_cols, u_bias, g_bias, cond)
     return u * gate(g, coeffs, w_res, spec)
 
 
