@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--runs", default=None, help="keep the run directory under DIR")
     parser.add_argument("--read", default=None, help="only print the table of RUN_DIR")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # overrides may follow --runs (the docstring's form)
     if args.read:
         case = CASES[args.case or "P"]
         print("\n".join(table(Path(args.read), case[1], case[2], case[0])))

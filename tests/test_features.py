@@ -173,6 +173,57 @@ def test_e2_gap_feature_is_optional():
     np.testing.assert_array_equal(f1.values[:, :11], f0.values)
 
 
+def test_e2_autocorr_feature_is_optional_and_matches_a_hand_computed_ewma():
+    df = _bars(400, 4)
+    f0 = F.compute_features(df, FeatureConfig(), (0, 300))
+    f1 = F.compute_features(df, FeatureConfig(autocorr_span=60), (0, 300))
+    assert f0.names == F.FEATURE_NAMES
+    assert f1.names == (*F.FEATURE_NAMES, "autocorr") and f1.warmup == 60
+    raw0, _ = F.raw_features(df, FeatureConfig())
+    raw, _ = F.raw_features(df, FeatureConfig(autocorr_span=60))
+    np.testing.assert_array_equal(raw[60:, :11], raw0[60:, :11])  # the others unchanged
+    x = raw[:, 0]  # NaN before the warmup of 60
+    # ret_1 from row vol_span + 1 = 21 on (the warmup of span 10 is 49; rows 21-48 from raw0's
+    # own definition: r_t / s_{t-1})
+    log_c = np.log(df["close"].to_numpy())
+    sig = np.maximum(F.causal_sigma(df, 20), F.SIGMA_FLOOR)
+    x_full = np.full(len(df), np.nan)
+    x_full[1:] = np.diff(log_c) / sig[:-1]
+    np.testing.assert_allclose(x_full[60:], raw0[60:, 0], rtol=1e-12)
+    w = 1.0 - 2.0 / 61.0
+    for t in (60, 61, 200, 399):
+        pairs = [(x_full[i], x_full[i - 1]) for i in range(2, t + 1)]  # pairs from row 2
+        weights = np.array([w ** (t - i) for i in range(2, t + 1)])
+        num = sum(wi * a * b for wi, (a, b) in zip(weights, pairs, strict=True))
+        den = sum(wi * a * a for wi, (a, _) in zip(weights, pairs, strict=True))
+        assert raw[t, -1] == pytest.approx(num / den, rel=1e-10)
+    assert np.all(np.isnan(x[:60]))
+
+
+def test_e2_autocorr_keeps_absolute_units_where_other_features_are_centred():
+    """The autocorrelation is divided by AUTOCORR_SCALE, not centred on the train mean: an
+    AR(1) market with phi 0.3 keeps its ~3 units, one without a signal ~0, so a panel
+    normalised per instrument can still tell them apart."""
+    cfg = FeatureConfig(autocorr_span=200)
+    out = {}
+    for phi in (0.0, 0.3):
+        df = data.synthetic(SyntheticConfig(num_bars=6000, seed=11, phi=phi))
+        f = F.compute_features(df, cfg, (0, 4000))
+        j = f.names.index("autocorr")
+        assert (f.mean[j], f.std[j]) == (0.0, F.AUTOCORR_SCALE)
+        out[phi] = f.values[f.warmup : 4000, j].mean()
+        # every other feature is centred on its train rows
+        assert abs(f.values[f.warmup : 4000, 0].mean()) < 1e-5
+    assert abs(out[0.0]) < 0.5 and 2.3 < out[0.3] < 3.3, out
+
+
+def test_e2_autocorr_span_too_short_is_refused():
+    from jaxdqn import config
+
+    with pytest.raises(config.ConfigError, match=r"features\.autocorr_span: 5 bars cannot"):
+        config.load(None, ["features.autocorr_span=5"])
+
+
 def test_e2_features_carry_the_planted_signal():
     df = data.synthetic(SyntheticConfig(num_bars=4000, seed=3, phi=0.15))
     f = F.compute_features(df, FeatureConfig(), (0, 2800))
@@ -209,10 +260,10 @@ def test_e2_normaliser_fitted_on_train_only(sp500):
     assert not np.array_equal(h.mean, f.mean)
 
 
-@pytest.mark.parametrize("gap", [False, True])
-def test_e2_no_lookahead(sp500, gap):
+@pytest.mark.parametrize(("gap", "autocorr_span"), [(False, 0), (True, 0), (False, 100)])
+def test_e2_no_lookahead(sp500, gap, autocorr_span):
     """Perturb every bar after t: no feature (raw or normalised) and no sigma at <= t moves."""
-    cfg = FeatureConfig(gap=gap)
+    cfg = FeatureConfig(gap=gap, autocorr_span=autocorr_span)
     df = sp500.iloc[:1500]
     raw, sigma = F.raw_features(df, cfg)
     train = (0, 1000)
@@ -236,7 +287,7 @@ def test_e2_no_lookahead(sp500, gap):
 
 def test_e2_no_lookahead_per_row(sp500):
     """Each feature row t equals the features of the data truncated at t (prefix invariance)."""
-    cfg = FeatureConfig(gap=True)
+    cfg = FeatureConfig(gap=True, autocorr_span=60)
     df = sp500.iloc[:400]
     raw, sigma = F.raw_features(df, cfg)
     for t in (60, 61, 150, 399):

@@ -89,6 +89,13 @@ class FeatureConfig:
         "add the overnight-gap feature log(open/prev close) (off: the bundled S&P data has "
         "open = previous close on most days before 2006)",
     )
+    autocorr_span: int = _f(
+        0,
+        "EWMA span (bars) of the lag-1 return autocorrelation feature 'autocorr', kept in "
+        "absolute units (not centred per instrument); 0: no such feature. Warmup grows to it",
+        lo=0,
+        hi=100_000,
+    )
 
 
 @dataclass(frozen=True)
@@ -340,6 +347,11 @@ def check_cross_fields(cfg: Config) -> None:
     if d.symbol_column is not None and d.source not in ("csv", "parquet"):
         raise ConfigError("data.symbol_column: names a column of a csv or parquet data.path")
     _check_synthetic_panel(d.synthetic.panel)
+    if 0 < cfg.features.autocorr_span < 10:
+        raise ConfigError(
+            f"features.autocorr_span: {cfg.features.autocorr_span} bars cannot estimate an "
+            "autocorrelation; use 0 (off) or at least 10"
+        )
     if d.split == "fraction" and d.train_frac + d.val_frac >= 1.0:
         raise ConfigError("data.val_frac: train_frac + val_frac must be < 1 (test needs bars)")
     if d.split == "date":

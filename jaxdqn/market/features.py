@@ -27,13 +27,24 @@ volume_z       (lv_t - mean_20(lv)_t) / std_20(lv)_t, lv = log(1 + V);        19
                0 when the 20-bar std is 0 (e.g. no volume data)
 gap            log(O_t / C_{t-1}) / s_{t-1}   (overnight gap; only with      vol_span + 1
                ``features.gap = true``)
+autocorr       EWMA_n(x_t x_{t-1}) / EWMA_n(x_t^2), x_t = ret_1, n =          autocorr_span
+               ``features.autocorr_span`` (only when > 0): the lag-1
+               autocorrelation of recent returns, in [-1, 1] up to the
+               EWMAs' difference in support
 =============  ============================================================  =============
 
 The gap is off by default: in the bundled S&P 500 series (as published by Yahoo) the open
 equals the previous close on ~96% of days before 2006 and almost never after, so a gap feature
 would mostly tell the network which era it is in. Turn it on for data with real opens.
 
-``warmup = max(49, vol_span + 1)`` (49 at the default vol_span = 20): the first row where every
+The autocorrelation is off by default. It is the one feature kept in absolute units: it is
+divided by :data:`AUTOCORR_SCALE` and never centred or scaled by its train statistics, because
+on a panel those are fitted per instrument, and centring on an instrument's own train mean would
+erase exactly what the feature measures (how strong that instrument's lag-1 dependence is: the
+planted phi of a synthetic instrument, 0 on one without a signal). The other features measure
+the current bar against the instrument's own history, which per-instrument normalisation keeps.
+
+``warmup = max(49, vol_span + 1, autocorr_span)`` (49 at the defaults): the first row where every
 feature is valid. All rolling windows end at t (trailing, inclusive).
 """
 
@@ -50,6 +61,9 @@ from jaxdqn.market import data
 from jaxdqn.market.data import COLUMNS, DataError
 
 __all__ = [
+    "ABSOLUTE_SCALES",
+    "AUTOCORR_FEATURE",
+    "AUTOCORR_SCALE",
     "FEATURE_NAMES",
     "GAP_FEATURE",
     "Features",
@@ -58,6 +72,7 @@ __all__ = [
     "feature_names",
     "fit_normaliser",
     "has_volume",
+    "lag1_autocorrelation",
     "normalise",
     "raw_features",
     "warmup_length",
@@ -78,6 +93,11 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 """The default feature set, in column order; ``features.gap`` appends :data:`GAP_FEATURE`."""
 GAP_FEATURE = "gap"
+AUTOCORR_FEATURE = "autocorr"
+AUTOCORR_SCALE = 0.1
+"""The fixed unit of the autocorrelation feature (normalised value = autocorrelation / 0.1)."""
+ABSOLUTE_SCALES: dict[str, float] = {AUTOCORR_FEATURE: AUTOCORR_SCALE}
+"""Features normalised by a fixed unit instead of their train mean and std (module docstring)."""
 RETURN_HORIZONS = (1, 5, 20)
 MA_WINDOWS = (10, 50)
 RSI_PERIOD = 14
@@ -113,6 +133,8 @@ def feature_names(cfg: FeatureConfig, volume: bool = True) -> tuple[str, ...]:
     """Names of the feature columns ``cfg`` produces, in order; ``volume``: whether the bars
     have volume (without it :data:`VOLUME_FEATURE` is left out)."""
     names = (*FEATURE_NAMES, GAP_FEATURE) if cfg.gap else FEATURE_NAMES
+    if cfg.autocorr_span:
+        names = (*names, AUTOCORR_FEATURE)
     return names if volume else tuple(n for n in names if n != VOLUME_FEATURE)
 
 
@@ -129,6 +151,7 @@ def warmup_length(cfg: FeatureConfig) -> int:
         RSI_PERIOD,
         VOLUME_WINDOW - 1,
         cfg.vol_span + 1,
+        cfg.autocorr_span,
     )
 
 
@@ -153,6 +176,25 @@ def causal_sigma(df: pd.DataFrame, span: int) -> np.ndarray:
     if len(r):
         r[0] = math.log(close[0] / open_[0])
     return _ewm_rms(pd.Series(r), span)
+
+
+def lag1_autocorrelation(x: np.ndarray, span: int) -> np.ndarray:
+    """Causal EWMA lag-1 autocorrelation of ``x`` (float64 [T], NaN before its first value):
+
+        rho_t = sum_i w^i x_{t-i} x_{t-i-1} / sum_i w^i x_{t-i}^2,   w = 1 - 2 / (span + 1),
+
+    both sums over the rows where ``x_{t-i}`` and ``x_{t-i-1}`` are defined (adjusted EWMAs:
+    proper averages of what has been seen). Uncentred: returns in vol units have mean ~0. Rows
+    <= t only; 0 where the denominator is 0; NaN before the first defined pair.
+    """
+    prev = np.concatenate([[np.nan], x[:-1]])
+    pair = np.isfinite(x) & np.isfinite(prev)
+    num = pd.Series(np.where(pair, x * prev, np.nan)).ewm(span=span, adjust=True).mean()
+    den = pd.Series(np.where(pair, x * x, np.nan)).ewm(span=span, adjust=True).mean()
+    num, den = num.to_numpy(), den.to_numpy()
+    return np.where(
+        den > 0, num / np.where(den > 0, den, 1.0), np.where(np.isnan(den), np.nan, 0.0)
+    )
 
 
 def raw_features(df: pd.DataFrame, cfg: FeatureConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -214,6 +256,8 @@ def raw_features(df: pd.DataFrame, cfg: FeatureConfig) -> tuple[np.ndarray, np.n
     flat = sd <= 1e-9 * np.maximum(np.abs(mu), 1.0)
     cols["volume_z"] = np.where(flat, 0.0, (lv.to_numpy() - mu) / np.where(flat, 1.0, sd))
     cols["volume_z"][np.isnan(sd)] = np.nan
+    if cfg.autocorr_span:
+        cols[AUTOCORR_FEATURE] = lag1_autocorrelation(cols["ret_1"], cfg.autocorr_span)
 
     names = feature_names(cfg, has_volume(df))
     raw = np.stack([cols[k] for k in names], axis=1)
@@ -232,11 +276,16 @@ def raw_features(df: pd.DataFrame, cfg: FeatureConfig) -> tuple[np.ndarray, np.n
 
 
 def fit_normaliser(
-    raw: np.ndarray, warmup: int, train: tuple[int, int]
+    raw: np.ndarray,
+    warmup: int,
+    train: tuple[int, int],
+    names: tuple[str, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature mean and std (ddof 0) over train rows ``max(train[0], warmup) .. train[1]``.
 
-    A feature constant on train gets std 1 (it is then only centred). float64 [F] each.
+    A feature constant on train gets std 1 (it is then only centred). A feature of ``names``
+    (the columns' names) listed in :data:`ABSOLUTE_SCALES` gets mean 0 and its fixed unit as
+    std instead. float64 [F] each.
     """
     lo, hi = max(train[0], warmup), train[1]
     if hi - lo < 2:
@@ -248,6 +297,9 @@ def fit_normaliser(
     mean = rows.mean(axis=0)
     std = rows.std(axis=0)
     std = np.where(std > 1e-12, std, 1.0)
+    for j, name in enumerate(names):
+        if name in ABSOLUTE_SCALES:
+            mean[j], std[j] = 0.0, ABSOLUTE_SCALES[name]
     return mean, std
 
 
@@ -274,6 +326,7 @@ def compute_features(df: pd.DataFrame, cfg: FeatureConfig, train: tuple[int, int
     """
     raw, sigma = raw_features(df, cfg)
     warmup = warmup_length(cfg)
-    mean, std = fit_normaliser(raw, warmup, train)
+    names = feature_names(cfg, has_volume(df))
+    mean, std = fit_normaliser(raw, warmup, train, names)
     values = normalise(raw, mean, std, cfg.clip, warmup)
-    return Features(values, feature_names(cfg, has_volume(df)), warmup, sigma, mean, std)
+    return Features(values, names, warmup, sigma, mean, std)
