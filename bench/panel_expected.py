@@ -116,20 +116,22 @@ def table(metrics: dict, phis: dict[str, float], bars: dict[str, int], ppy: floa
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--bars", type=int, default=60_000)
-    parser.add_argument("--seed-offset", type=int, default=1000)
-    parser.add_argument("--train-frac", type=float, default=0.15)
-    parser.add_argument("--val-frac", type=float, default=0.05)
-    parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/expected")
-    args = parser.parse_args()
-    run = args.run_dir
-    out = args.out or run / "expected"
-    overrides = fresh_panel_overrides(
-        run, args.bars, args.seed_offset, args.train_frac, args.val_frac
-    )
+def expected(
+    run: Path,
+    bars: int = 60_000,
+    seed_offset: int = 1000,
+    train_frac: float = 0.15,
+    val_frac: float = 0.05,
+    out: Path | None = None,
+) -> list[str]:
+    """Evaluate ``run``'s selected checkpoint on the fresh panel and return the table's lines
+    (the evaluation's files go to ``out``, default ``RUN_DIR/expected``)."""
+    import pandas as pd
+
+    from jaxdqn import config
+
+    out = out or run / "expected"
+    overrides = fresh_panel_overrides(run, bars, seed_offset, train_frac, val_frac)
     cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test"]
     cmd += ["--out", str(out), *overrides]
     t = time.time()
@@ -139,20 +141,29 @@ def main() -> None:
         raise SystemExit(res.returncode)
     wall = time.time() - t
     metrics = json.loads((out / "metrics_test.json").read_text())
-    from jaxdqn import config
-
     syn = config.load(run / "config.yaml").data.synthetic
     phis = {i.name: syn.phi if i.phi is None else i.phi for i in syn.panel}
     ppy = json.loads((run / "summary.json").read_text())["bar_clock"]["bars_per_year"]
-    import pandas as pd
-
     log = pd.read_csv(out / "eval_test.csv", usecols=["seed", "instrument"])
-    bars = log[log.seed == 0].groupby("instrument").size().to_dict()
-    print(
-        f"run {run}: checkpoint {metrics.get('checkpoint_step')}; fresh paths of {args.bars:,} "
-        f"bars (seed offset {args.seed_offset}), evaluate took {wall:.0f} s"
+    counts = log[log.seed == 0].groupby("instrument").size().to_dict()
+    head = (
+        f"run {run}: checkpoint {metrics.get('checkpoint_step')}; fresh paths of {bars:,} "
+        f"bars (seed offset {seed_offset}), evaluate took {wall:.0f} s"
     )
-    print("\n".join(table(metrics, phis, bars, ppy)))
+    return [head, *table(metrics, phis, counts, ppy)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--bars", type=int, default=60_000)
+    parser.add_argument("--seed-offset", type=int, default=1000)
+    parser.add_argument("--train-frac", type=float, default=0.15)
+    parser.add_argument("--val-frac", type=float, default=0.05)
+    parser.add_argument("--out", type=Path, default=None, help="default RUN_DIR/expected")
+    a = parser.parse_args()
+    lines = expected(a.run_dir, a.bars, a.seed_offset, a.train_frac, a.val_frac, a.out)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ instrument.
     python bench/panel_learning.py Q               # H200: panel_synthetic_gpu.yaml, 5 seeds
     python bench/panel_learning.py --read RUN_DIR    # the table of a finished run
     python bench/panel_learning.py P --runs DIR [key=value ...]   # keep the run, add overrides
+    python bench/panel_learning.py Q --fresh 60000  # then bench/panel_expected.py on the run
 
 Trains with ``python -m jaxdqn.train`` and reads back ``summary.json``; nothing is recomputed
 but the ratios. Signal instruments are those whose planted AR(1) coefficient is not 0 (the
@@ -131,6 +132,14 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--runs", default=None, help="keep the run directory under DIR")
     parser.add_argument("--read", default=None, help="only print the table of RUN_DIR")
+    parser.add_argument(
+        "--fresh",
+        type=int,
+        default=0,
+        metavar="BARS",
+        help="after the table, walk the run's checkpoint over fresh BARS-bar draws of every "
+        "instrument (bench/panel_expected.py) and print that table last",
+    )
     args = parser.parse_intermixed_args()  # overrides may follow --runs (the docstring's form)
     if args.read:
         case = CASES[args.case or "P"]
@@ -150,6 +159,11 @@ def main() -> None:
     print("\n".join(line for line in res.stdout.splitlines() if not line.startswith("epoch")))
     print(f"process wall time {wall:.0f} s")
     print("\n".join(table(run, mean_goal, worst_goal, cfg)))
+    if args.fresh:
+        from bench import panel_expected
+
+        print("")
+        print("\n".join(panel_expected.expected(run, bars=args.fresh)))
 
 
 if __name__ == "__main__":
