@@ -227,3 +227,22 @@ def test_l1_reward_scale_multiplies_the_learning_rewards():
     assert np.abs(r1).max() > 0
     np.testing.assert_allclose(r100, 100.0 * r1, rtol=1e-5, atol=1e-9)
     np.testing.assert_allclose(s100, 100.0 * s1, rtol=1e-5)
+
+
+def test_l1_folds_differing_only_in_data_share_one_iteration_program():
+    """Two walk-forward folds of the S&P 500 (train up to 2014 and up to 2015) resolve different
+    reward scales (1 / σ of their train returns), which the iteration reads from the placed
+    market, not as a constant: both lower to the same program, so the second fold reuses the
+    first's compilation (a fold-specific constant would make every fold compile again)."""
+    texts, scales = [], []
+    for train_end, val_end in (("2014-12-31", "2015-12-31"), ("2015-12-31", "2016-12-31")):
+        cfg = config.load(
+            CONFIGS / "smoke.yaml", [f"data.train_end={train_end}", f"data.val_end={val_end}"]
+        )
+        _, placed, keys = _training_program(cfg)
+        state = jax.eval_shape(placed.init, placed.market, keys)
+        scales.append(float(placed.market.reward_scale))
+        assert scales[-1] == np.float32(placed.agent.reward_scale)
+        texts.append(placed.iterate.lower(state, placed.market).as_text())
+    assert scales[0] != scales[1]
+    assert texts[0] == texts[1]

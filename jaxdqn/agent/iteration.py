@@ -81,9 +81,17 @@ def act(agent: Agent, state: TrainState, market: env_lib.MarketData):
     return state.replace(env=env_state, obs=obs, key=key), rollout
 
 
-def store(agent: Agent, state: TrainState, rollout: Rollout) -> TrainState:
-    """n-step transitions of the rollout into replay; the dynamics observe its rewards (L5)."""
-    reward = rollout.reward * agent.reward_scale
+def store(
+    agent: Agent, state: TrainState, rollout: Rollout, market: env_lib.MarketData
+) -> TrainState:
+    """n-step transitions of the rollout into replay; the dynamics observe its rewards (L5).
+
+    Learning rewards are ``reward_scale × log equity return``, the scale read from
+    ``market.reward_scale`` where the placement set it (an input, so that markets differing
+    only in data, e.g. walk-forward folds, share one compiled program), else the agent's
+    constant (the same float32 value)."""
+    scale = agent.reward_scale if market.reward_scale is None else market.reward_scale
+    reward = rollout.reward * scale
     gamma = agent.nstep.gamma if state.members is None else state.members.gamma  # its own γ
     nstep_state, trans, valid = nstep_lib.update(
         state.nstep,
@@ -146,7 +154,7 @@ def iteration(
 ) -> tuple[TrainState, dict[str, Any]]:
     """act → store → learn; see the module docstring."""
     state, rollout = act(agent, state, market)
-    state = store(agent, state, rollout)
+    state = store(agent, state, rollout, market)
     state, metrics = learn(agent, state)
     finished = rollout.done.astype(jnp.float32)
     shards = agent.shards  # means and sums over every device's environments

@@ -41,6 +41,11 @@ class MarketData:
         instrument, or None (one instrument: an episode stays in the range it was given).
       episode_cdf: float32 ``[I]`` cumulative probabilities of drawing each instrument
         (the last is 1), or None.
+      reward_scale: float32 ``[]``, the learning-reward scale resolved on this market's train
+        split (``loss.reward_scale``; set by the trainer's placement), or None (the agent's
+        constant is used). As data it keeps the training iteration's program the same for
+        markets that differ only in their bars (walk-forward folds reuse the first fold's
+        compiled program).
     """
 
     open: jax.Array
@@ -54,6 +59,7 @@ class MarketData:
     oracle: jax.Array
     episode_ranges: jax.Array | None = None
     episode_cdf: jax.Array | None = None
+    reward_scale: jax.Array | None = None
 
     @property
     def num_bars(self) -> int:

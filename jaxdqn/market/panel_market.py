@@ -44,6 +44,9 @@ from jaxdqn.market.panel import Panel
 
 __all__ = ["SAMPLING", "Instrument", "PanelPrepared", "admit", "prepare_panel"]
 
+_NOT_PER_BAR = ("episode_ranges", "episode_cdf", "reward_scale")
+"""MarketData fields that are not ``[T, ...]`` arrays, so not concatenated."""
+
 
 class Instrument(NamedTuple):
     """One instrument of a panel market.
@@ -205,10 +208,10 @@ def prepare_panel(cfg: Config, panel: Panel, sampling: str = "length") -> PanelP
     longest = max(instruments, key=lambda i: i.splits.train[1] - i.splits.train[0])
     bar_clock = resolve_clock(longest.bars, cfg.data.bars_per_year, longest.splits.train)
     market = env.MarketData(
-        **{
+        **{  # the per-bar arrays; the episodes are set below, the reward scale at placement
             f.name: jnp.concatenate([getattr(m, f.name) for m in markets], axis=0)
             for f in dataclasses.fields(env.MarketData)
-            if not f.name.startswith("episode_")
+            if f.name not in _NOT_PER_BAR
         }
     )
     close_only = all(data.info(i.bars)[0] for i in instruments)

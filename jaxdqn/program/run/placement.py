@@ -100,7 +100,8 @@ def place(cfg: Config, prepared: Prepared, agent: Agent) -> Placement:
     layout = mesh_lib.make_layout(population_size(cfg), tc.mesh, tc.devices)
     if layout.data > 1:
         agent = build_agent(cfg, prepared, layout.shards)
-    market = prepared.market
+    # the reward scale as data: folds of a walk-forward then compile one iteration program
+    market = prepared.market.replace(reward_scale=jax.numpy.float32(agent.reward_scale))
     if layout.mesh is not None:
         market = jax.device_put(market, mesh_lib.replicated(layout))
     return Placement(
