@@ -119,7 +119,7 @@ def build(base: str, overrides: list[str], prepared=None):
 def fill_replay(cfg, agent, state, market):
     """Acting until the replay holds enough transitions to sample a batch."""
     step = jax.jit(
-        lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)), donate_argnums=0
+        lambda s, m: iteration.store(agent, *iteration.act(agent, s, m), m), donate_argnums=0
     )
     need = max(cfg.replay.batch_size, cfg.replay.learning_starts)
     while int(state.replay.size) < need:
@@ -175,7 +175,8 @@ def bench_acting(base, extra, envs, steps, prepared, repeats) -> dict:
         prepared,
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
-    f = jax.jit(lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)), donate_argnums=0)
+    act_store = lambda s, m: iteration.store(agent, *iteration.act(agent, s, m), m)
+    f = jax.jit(act_store, donate_argnums=0)
     state = f(state, p.market)
     jax.block_until_ready(state)
     times = []

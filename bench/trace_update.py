@@ -164,7 +164,7 @@ def main():
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     if acting:
         market = p.market
-        act = lambda s: (iteration.store(agent, *iteration.act(agent, s, market)), None)
+        act = lambda s: (iteration.store(agent, *iteration.act(agent, s, market), market), None)
         compiled = jax.jit(act, donate_argnums=0).lower(state).compile()
     else:
         state = fill_replay(cfg, agent, state, p.market)

@@ -217,10 +217,13 @@ def test_l1_reward_scale_multiplies_the_learning_rewards():
         agent = build_agent(cfg, p)
         # (the training's initialiser, which the reward scale does not change: one program)
         state = _one(make_init(agent, num_seeds=1)(p.market, jax.random.PRNGKey(3)[None]))
-        state = jax.jit(lambda s, m: iteration.store(agent, *iteration.act(agent, s, m)))(
-            state, p.market
-        )
-        return np.asarray(state.replay.storage.reward), float(state.dynamics.reward_std_ema)
+        # the training's market carries the scale as data (placement); without it, the
+        # agent's constant
+        market = p.market.replace(reward_scale=jnp.float32(agent.reward_scale))
+        store = lambda s, m: iteration.store(agent, *iteration.act(agent, s, m), m)
+        placed, bare = (jax.jit(store)(state, m) for m in (market, p.market))
+        np.testing.assert_array_equal(placed.replay.storage.reward, bare.replay.storage.reward)
+        return np.asarray(placed.replay.storage.reward), float(placed.dynamics.reward_std_ema)
 
     r1, s1 = stored(1.0)
     r100, s100 = stored(100.0)
