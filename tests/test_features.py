@@ -174,6 +174,8 @@ def test_e2_gap_feature_is_optional():
 
 
 def test_e2_autocorr_feature_is_optional_and_matches_a_hand_computed_ewma():
+    """Off by default (the feature set unchanged); on, one column more whose row t is the
+    EWMA of x_i x_{i-1} over the EWMA of x_i² (span 60) computed here by hand."""
     df = _bars(400, 4)
     f0 = F.compute_features(df, FeatureConfig(), (0, 300))
     f1 = F.compute_features(df, FeatureConfig(autocorr_span=60), (0, 300))
@@ -182,22 +184,20 @@ def test_e2_autocorr_feature_is_optional_and_matches_a_hand_computed_ewma():
     raw0, _ = F.raw_features(df, FeatureConfig())
     raw, _ = F.raw_features(df, FeatureConfig(autocorr_span=60))
     np.testing.assert_array_equal(raw[60:, :11], raw0[60:, :11])  # the others unchanged
-    x = raw[:, 0]  # NaN before the warmup of 60
-    # ret_1 from row vol_span + 1 = 21 on (the warmup of span 10 is 49; rows 21-48 from raw0's
-    # own definition: r_t / s_{t-1})
+    assert np.all(np.isnan(raw[:60]))  # the warmup grew to the span
+    # x_t = ret_1 = r_t / s_{t-1}, defined from row 1 (raw hides rows before the warmup, so
+    # rebuild it; it equals raw's column where raw shows it)
     log_c = np.log(df["close"].to_numpy())
     sig = np.maximum(F.causal_sigma(df, 20), F.SIGMA_FLOOR)
-    x_full = np.full(len(df), np.nan)
-    x_full[1:] = np.diff(log_c) / sig[:-1]
-    np.testing.assert_allclose(x_full[60:], raw0[60:, 0], rtol=1e-12)
+    x = np.full(len(df), np.nan)
+    x[1:] = np.diff(log_c) / sig[:-1]
+    np.testing.assert_allclose(x[60:], raw0[60:, 0], rtol=1e-12)
     w = 1.0 - 2.0 / 61.0
     for t in (60, 61, 200, 399):
-        pairs = [(x_full[i], x_full[i - 1]) for i in range(2, t + 1)]  # pairs from row 2
-        weights = np.array([w ** (t - i) for i in range(2, t + 1)])
-        num = sum(wi * a * b for wi, (a, b) in zip(weights, pairs, strict=True))
-        den = sum(wi * a * a for wi, (a, _) in zip(weights, pairs, strict=True))
+        rows = range(2, t + 1)  # every row with x_i and x_{i-1} defined
+        num = sum(w ** (t - i) * x[i] * x[i - 1] for i in rows)
+        den = sum(w ** (t - i) * x[i] * x[i] for i in rows)
         assert raw[t, -1] == pytest.approx(num / den, rel=1e-10)
-    assert np.all(np.isnan(x[:60]))
 
 
 def test_e2_autocorr_keeps_absolute_units_where_other_features_are_centred():
