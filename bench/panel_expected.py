@@ -37,7 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.panel_learning import instrument_phis, test_decisions  # noqa: E402
 from jaxdqn.evaluation.metrics import sharpe_se  # noqa: E402
+from jaxdqn.market.panel import instrument_settings  # noqa: E402
 
 MAX_BARS = 150_000
 
@@ -60,13 +62,11 @@ def fresh_panel_overrides(
         raise SystemExit(f"--bars {bars}: must be in 1,000..{MAX_BARS:,} (pandas dates end 2262)")
     entries = []
     for i, inst in enumerate(syn.panel):
-        phi = syn.phi if inst.phi is None else inst.phi
-        vol = syn.vol if inst.vol is None else inst.vol
-        drift = syn.drift if inst.drift is None else inst.drift
-        seed = syn.seed + seed_offset + 1 + i
+        own = instrument_settings(syn, i)
         entries.append(
-            f"{{name: {inst.name}, phi: {phi!r}, vol: {vol!r}, drift: {drift!r}, "
-            f"num_bars: {bars}, seed: {seed}, start_date: '1700-01-01'}}"
+            f"{{name: {inst.name}, phi: {own.phi!r}, vol: {own.vol!r}, drift: {own.drift!r}, "
+            f"num_bars: {bars}, seed: {syn.seed + seed_offset + 1 + i}, "
+            "start_date: '1700-01-01'}"
         )
     return [
         "data.split=fraction",
@@ -126,10 +126,6 @@ def expected(
 ) -> list[str]:
     """Evaluate ``run``'s selected checkpoint on the fresh panel and return the table's lines
     (the evaluation's files go to ``out``, default ``RUN_DIR/expected``)."""
-    import pandas as pd
-
-    from jaxdqn import config
-
     out = out or run / "expected"
     overrides = fresh_panel_overrides(run, bars, seed_offset, train_frac, val_frac)
     cmd = [sys.executable, "-m", "jaxdqn.evaluate", str(run), "--split", "test"]
@@ -141,11 +137,9 @@ def expected(
         raise SystemExit(res.returncode)
     wall = time.time() - t
     metrics = json.loads((out / "metrics_test.json").read_text())
-    syn = config.load(run / "config.yaml").data.synthetic
-    phis = {i.name: syn.phi if i.phi is None else i.phi for i in syn.panel}
+    phis = instrument_phis(run / "config.yaml")
     ppy = json.loads((run / "summary.json").read_text())["bar_clock"]["bars_per_year"]
-    log = pd.read_csv(out / "eval_test.csv", usecols=["seed", "instrument"])
-    counts = log[log.seed == 0].groupby("instrument").size().to_dict()
+    counts = test_decisions(out / "eval_test.csv")
     head = (
         f"run {run}: checkpoint {metrics.get('checkpoint_step')}; fresh paths of {bars:,} "
         f"bars (seed offset {seed_offset}), evaluate took {wall:.0f} s"

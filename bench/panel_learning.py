@@ -44,13 +44,18 @@ CASES = {
 }
 
 
-def _test_bars(run: Path, config_path: str) -> dict[str, int]:
-    """Each instrument's test decisions: from ``eval_test.csv``, else from the config."""
+def test_decisions(log: Path) -> dict[str, int]:
+    """Each instrument's decisions in an evaluation log (``eval_test.csv``: seed 0's rows)."""
     import pandas as pd
 
+    frame = pd.read_csv(log, usecols=["seed", "instrument"])
+    return frame[frame.seed == 0].groupby("instrument").size().to_dict()
+
+
+def _test_bars(run: Path, config_path: str) -> dict[str, int]:
+    """Each instrument's test decisions: from ``eval_test.csv``, else from the config."""
     if (run / "eval_test.csv").exists():
-        log = pd.read_csv(run / "eval_test.csv", usecols=["seed", "instrument"])
-        return log[log.seed == 0].groupby("instrument").size().to_dict()
+        return test_decisions(run / "eval_test.csv")
     from jaxdqn import config
     from jaxdqn.market import market
 
@@ -60,12 +65,18 @@ def _test_bars(run: Path, config_path: str) -> dict[str, int]:
     return {n: int(hi - lo - 1) for n, (lo, hi) in zip(p.names, r, strict=True)}
 
 
-def _phis(run: Path, config_path: str) -> dict[str, float]:
+def instrument_phis(config_file: Path) -> dict[str, float]:
+    """Each synthetic instrument's planted AR(1) coefficient in ``config_file``."""
     from jaxdqn import config
+    from jaxdqn.market.panel import instrument_settings
 
+    syn = config.load(config_file).data.synthetic
+    return {inst.name: instrument_settings(syn, i).phi for i, inst in enumerate(syn.panel)}
+
+
+def _phis(run: Path, config_path: str) -> dict[str, float]:
     saved = run / "config.yaml"
-    syn = config.load(saved if saved.exists() else ROOT / config_path).data.synthetic
-    return {i.name: syn.phi if i.phi is None else i.phi for i in syn.panel}
+    return instrument_phis(saved if saved.exists() else ROOT / config_path)
 
 
 def table(run: Path, mean_goal: float, worst_goal: float, config_path: str) -> list[str]:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from jaxdqn.config import ConfigError, DataConfig
+from jaxdqn.config import ConfigError, DataConfig, SyntheticConfig
 from jaxdqn.market import clock as clock_lib
 from jaxdqn.market import data
 from jaxdqn.market.errors import DataError
@@ -43,6 +43,7 @@ from jaxdqn.market.synthetic import synthetic
 __all__ = [
     "Panel",
     "instrument_name",
+    "instrument_settings",
     "is_panel",
     "load_panel",
     "load_wide",
@@ -237,20 +238,27 @@ def load_panel(path: str, cfg: DataConfig, symbol_column: str | None = None) -> 
     return Panel(tuple(names), tuple(bars), tuple(notes))
 
 
+def instrument_settings(base: SyntheticConfig, i: int) -> SyntheticConfig:
+    """The generator settings of entry ``i`` of ``base.panel``: ``base`` with the entry's own
+    settings (those it gives), the seed ``base.seed + 1 + i`` when it gives none, no panel."""
+    inst = base.panel[i]
+    own = {
+        f.name: getattr(inst, f.name)
+        for f in dataclasses.fields(inst)
+        if f.name != "name" and getattr(inst, f.name) is not None
+    }
+    own.setdefault("seed", base.seed + 1 + i)
+    return dataclasses.replace(base, panel=(), **own)
+
+
 def synthetic_panel(cfg: DataConfig) -> Panel:
     """The synthetic panel of ``cfg.synthetic.panel``: instrument ``i`` is the market of
     :func:`jaxdqn.market.synthetic.synthetic` under ``cfg.synthetic`` with the entry's own
     settings; an entry without a seed gets ``cfg.synthetic.seed + 1 + i``, so no two share one
     unless the config says so. Close-only when ``cfg.close_only`` is true."""
-    base, names, bars = cfg.synthetic, [], []
+    names, bars = [], []
     for i, inst in enumerate(cfg.synthetic.panel):
-        own = {
-            f.name: getattr(inst, f.name)
-            for f in dataclasses.fields(inst)
-            if f.name != "name" and getattr(inst, f.name) is not None
-        }
-        own.setdefault("seed", base.seed + 1 + i)
-        df = synthetic(dataclasses.replace(base, panel=(), **own))
+        df = synthetic(instrument_settings(cfg.synthetic, i))
         df.attrs["source"] = f"synthetic {inst.name.strip()} ({df.attrs['source']})"
         bars.append(data.as_close_only(df) if cfg.close_only else df)
         names.append(inst.name.strip())
