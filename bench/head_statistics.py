@@ -26,10 +26,20 @@ import numpy as np
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
 from bench.kernels import int_tuples, n_sets, print_speed_table, rel, time_op
 from jaxdqn.model import distribution
 from jaxdqn.model.heads import branch_heads
-from pallas_kernels.head_statistics import HeadStatBlocks, head_statistics_pallas
+from pallas_kernels import _backend
+from pallas_kernels.head_statistics import (
+    DEFAULT_HEAD_STAT_BLOCKS,
+    HeadStatBlocks,
+    head_statistics_pallas,
+)
+from pallas_kernels.heads import _pad_atoms, head_tiles
+from pallas_kernels.statistics import row_statistics
 
 ACTIONS, ATOMS = 3, 51
 LEVELS = tuple(distribution.QUANTILE_LEVELS)
@@ -56,6 +66,52 @@ def model_path(heads: str, statistics: str):
     return fn
 
 
+def _part_kernel(a_ref, w_ref, b_ref, mean_ref, var_ref, *, upto, bm, n, actions, **kw):
+    rows = pl.program_id(0) * bm + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = rows < a_ref.shape[0]
+    branch = pl.program_id(1)
+    logits = head_tiles(a_ref, w_ref, b_ref, rows, row_ok, branch, n=n, actions=actions, **kw)
+    lane_ok = (jnp.arange(_pad_atoms(n), dtype=jnp.int32) < n)[None, :]
+    for j in range(actions):
+        col = branch * actions + j
+        if upto == "gemm":
+            # One lane sum keeps the product live; no softmax, no statistics.
+            s = jnp.sum(jnp.where(lane_ok, logits[j], 0.0), axis=1)
+            pl_triton.store(mean_ref.at[rows, col], s, mask=row_ok)
+        else:
+            mean_i, var_i, _ = row_statistics(logits[j], lane_ok, ())
+            pl_triton.store(mean_ref.at[rows, col], mean_i, mask=row_ok)
+            pl_triton.store(var_ref.at[rows, col], var_i, mask=row_ok)
+
+
+def part_path(upto: str, interpret: bool):
+    """A measurement aid, not a model path: the fused kernel cut after its product and the
+    dueling combination (``upto="gemm"``: one lane sum stored per row and action) or after the
+    softmax and moments (``"moments"``: no CDF, no quantiles). The difference of its time to
+    the next row's says what that part of the epilogue costs."""
+    bm, bk, warps = DEFAULT_HEAD_STAT_BLOCKS
+
+    def fn(a, w, b, v_min, delta_z):
+        m, k = w.shape[0], w.shape[1]
+        n = w.shape[2] // (ACTIONS + 1)
+        kernel = functools.partial(
+            _part_kernel, upto=upto, bm=bm, bk=bk, n=n, num_k=k, actions=ACTIONS, bf16=False
+        )
+        per_row = jax.ShapeDtypeStruct((a.shape[0], m * ACTIONS), jnp.float32)
+        mean, var = pl.pallas_call(
+            kernel,
+            out_shape=(per_row, per_row),
+            grid=(pl.cdiv(a.shape[0], bm), m),
+            compiler_params=_backend.compiler_params(warps),
+            interpret=interpret,
+            name=f"head_part_{upto}",
+        )(a, w, b)
+        shape = (a.shape[0], m, ACTIONS)
+        return mean.reshape(shape), var.reshape(shape), jnp.zeros((*shape, len(LEVELS)))
+
+    return fn
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
@@ -68,6 +124,13 @@ def main(argv=None):
     )
     ap.add_argument(
         "--kernel-only", action="store_true", help="skip the model's paths but the first"
+    )
+    ap.add_argument(
+        "--parts",
+        action="store_true",
+        help="also the default tiling with aligned weights, with the CDF as products, and "
+        "(measurement aids, error not meaningful) the kernel cut after its product and after "
+        "the moments",
     )
     args = ap.parse_args(argv)
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
@@ -103,6 +166,31 @@ def main(argv=None):
             )
             for t in tilings
         ]
+        if args.parts:
+            candidates += [
+                (
+                    "fused kernel, aligned weights (default tiling)",
+                    functools.partial(
+                        head_statistics_pallas,
+                        actions=ACTIONS,
+                        levels=LEVELS,
+                        aligned=True,
+                        interpret=smoke,
+                    ),
+                ),
+                (
+                    "fused kernel, CDF as products (default tiling)",
+                    functools.partial(
+                        head_statistics_pallas,
+                        actions=ACTIONS,
+                        levels=LEVELS,
+                        cdf="products",
+                        interpret=smoke,
+                    ),
+                ),
+                ("part: product + dueling only", part_path("gemm", smoke)),
+                ("part: + softmax and moments, no quantiles", part_path("moments", smoke)),
+            ]
         for name, fn in candidates:
             try:
                 us = time_op(fn, sets, reps) * 1e6

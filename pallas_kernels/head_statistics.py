@@ -45,6 +45,7 @@ __all__ = [
     "HeadStatistics",
     "head_statistics_available",
     "head_statistics_pallas",
+    "pad_groups",
 ]
 
 
@@ -74,6 +75,7 @@ class HeadStatistics(NamedTuple):
 
 def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **kw):
     bm, n, actions, levels = kw.pop("bm"), kw["n"], kw["actions"], kw.pop("levels")
+    cdf = kw.pop("cdf")
     num_rows = a_ref.shape[0]
     pid_r, branch = pl.program_id(0), pl.program_id(1)
     rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
@@ -85,7 +87,7 @@ def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **k
     for j in range(actions):
         col = branch * actions + j
         # Rows past B load zeros: finite logits, statistics discarded by the store masks.
-        mean_i, var_i, positions = row_statistics(logits[j], lane_ok, levels)
+        mean_i, var_i, positions = row_statistics(logits[j], lane_ok, levels, cdf)
         pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
         pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
         for level, pos in enumerate(positions):
@@ -104,12 +106,18 @@ def head_statistics_pallas(
     levels: tuple[float, ...],
     blocks: HeadStatBlocks = DEFAULT_HEAD_STAT_BLOCKS,
     bf16: bool = False,
+    aligned: bool = False,
+    cdf: str = "scan",
     interpret: bool = False,
 ) -> HeadStatistics:
     """The statistics of the m dueling heads' distributions: float32 ``a [B, m·K]``,
     ``w [m, K, (1+A)·N]``, ``b [m, (1+A)·N]``, per-row supports ``v_min [B]``, ``delta_z [B]``,
     static quantile ``levels`` → :class:`HeadStatistics` (math in the module docstring).
-    ``bf16``: bfloat16 operands, float32 accumulation in the product (TF32 otherwise)."""
+    ``bf16``: bfloat16 operands, float32 accumulation in the product (TF32 otherwise).
+    ``aligned``: the kernel reads ``w`` and ``b`` with each of the 1 + A column groups padded
+    with zeros to NP atoms (one small pad of the weights per call), so its weight tiles start
+    on 16-float boundaries and load unmasked; the same products, the same numbers. ``cdf``:
+    how the epilogue forms each row's CDF (:func:`pallas_kernels.statistics.row_statistics`)."""
     m, k, n = _check(a, w, b, actions)
     num_rows = a.shape[0]
     if v_min.shape != (num_rows,) or delta_z.shape != (num_rows,):
@@ -123,8 +131,12 @@ def head_statistics_pallas(
             raise ValueError(f"head_statistics: block sizes must be powers of two >= 16, got {v}")
     levels = tuple(float(t) for t in levels)
     kernel = functools.partial(
-        _kernel, bm=bm, bk=bk, n=n, num_k=k, actions=actions, bf16=bf16, levels=levels
-    )
+        _kernel,
+        bm=bm, bk=bk, n=n, num_k=k, actions=actions, bf16=bf16, levels=levels, aligned=aligned,
+        cdf=cdf,
+    )  # fmt: skip
+    if aligned:
+        w, b = pad_groups(w, actions), pad_groups(b, actions)
     f32 = jnp.float32
     per_row = jax.ShapeDtypeStruct((num_rows, m * actions), f32)
     mean, var, quant = pl.pallas_call(
@@ -143,6 +155,16 @@ def head_statistics_pallas(
     return HeadStatistics(
         mean.reshape(shape), var.reshape(shape), quant.reshape(*shape, len(levels))
     )
+
+
+def pad_groups(x: jax.Array, actions: int) -> jax.Array:
+    """``x [..., (1+A)·N] → [..., (1+A)·NP]``: each column group zero-padded to NP atoms (the
+    ``aligned`` layout of :func:`pallas_kernels.heads.head_tiles`)."""
+    groups = actions + 1
+    n = x.shape[-1] // groups
+    grouped = x.reshape(*x.shape[:-1], groups, n)
+    pad = [(0, 0)] * (grouped.ndim - 1) + [(0, _pad_atoms(n) - n)]
+    return jnp.pad(grouped, pad).reshape(*x.shape[:-1], groups * _pad_atoms(n))
 
 
 def head_statistics_available(

@@ -39,6 +39,7 @@ from pallas_kernels import _backend
 __all__ = [
     "DEFAULT_STAT_ROWS",
     "c51_statistics_pallas",
+    "cumsum_by_products",
     "row_statistics",
     "statistics_kernel_available",
 ]
@@ -51,12 +52,33 @@ def _pad(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def row_statistics(x, lane_ok, levels: tuple[float, ...]):
+def cumsum_by_products(p):
+    """``F = cumsum(p, axis=1)`` for ``p [R, NP]`` as products with the upper-triangular ones
+    matrix ``U [NP, NP]`` (``U[l, i] = 1`` for ``l ≤ i``) on the tensor cores: ``p`` split into
+    three bfloat16 parts ``p = h + m + l`` (each part exact in bfloat16, the remainder of the
+    split below float32's rounding of ``p``), ``F = hU + mU + lU`` with float32 accumulation.
+    ``U`` is exact in bfloat16, so every product term is exact; only the order of the sums
+    differs from a sequential scan (float rounding)."""
+    lanes = jnp.arange(p.shape[1], dtype=jnp.int32)
+    upper = (lanes[:, None] <= lanes[None, :]).astype(jnp.float32)
+    bf16 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+    total, rest = None, p
+    for _ in range(3):
+        # float32 operands that bfloat16 holds exactly: the algorithm's cast loses nothing.
+        part = rest.astype(jnp.bfloat16).astype(jnp.float32)
+        rest = rest - part
+        term = jax.lax.dot_general(part, upper, (((1,), (0,)), ((), ())), precision=bf16)
+        total = term if total is None else total + term
+    return total
+
+
+def row_statistics(x, lane_ok, levels: tuple[float, ...], cdf: str = "scan"):
     """The statistics of ``softmax(x)`` per row of a tile, in atom-index units: ``(E[i] [R],
     E[i²] − E[i]² [R] (≥ 0), [position of Q(τ) [R] for τ in levels])`` for ``x [R, NP]`` whose
     lanes outside ``lane_ok [1, NP]`` are ignored (math in the module docstring). Rows of
     ``−inf`` give NaN; callers mask their stores. Shared by this kernel and the heads' (M6 + M7)
-    acting kernel of :mod:`pallas_kernels.head_statistics`."""
+    acting kernel of :mod:`pallas_kernels.head_statistics`. ``cdf``: ``"scan"`` (a cumulative
+    sum across the lanes) or ``"products"`` (:func:`cumsum_by_products`)."""
     lanes = jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
     x = jnp.where(lane_ok, x, -jnp.inf)
     top = jnp.max(x, axis=1, keepdims=True)
@@ -65,7 +87,9 @@ def row_statistics(x, lane_ok, levels: tuple[float, ...]):
     idx = lanes.astype(jnp.float32)
     mean_i = jnp.sum(p * idx, axis=1)
     var_i = jnp.maximum(jnp.sum(p * idx * idx, axis=1) - mean_i * mean_i, 0.0)
-    cdf = jnp.cumsum(p, axis=1)
+    if cdf not in ("scan", "products"):
+        raise ValueError(f"row_statistics: cdf must be scan or products, got {cdf!r}")
+    cdf = jnp.cumsum(p, axis=1) if cdf == "scan" else cumsum_by_products(p)
     # Q(τ)'s atom position as one masked lane sum per level (no count, no picks of F_k and
     # F_{k−1}): Σ_{i≥1} clip((τ − F_{i−1}) / p_i, 0, 1) is 1 for every atom below k, the
     # interpolation fraction at k and 0 above it (module docstring).

@@ -21,8 +21,10 @@ from pallas_kernels.head_statistics import (
     HeadStatBlocks,
     head_statistics_available,
     head_statistics_pallas,
+    pad_groups,
 )
 from pallas_kernels.heads import dueling_heads_reference
+from pallas_kernels.statistics import cumsum_by_products
 
 BACKEND = os.environ.get("JAXDQN_KERNEL_BACKEND", "interpret")
 A, LEVELS = 3, tuple(D.QUANTILE_LEVELS)
@@ -125,6 +127,65 @@ def test_m6_m7_head_statistics_kernel_on_peaked_and_flat_distributions():
     np.testing.assert_allclose(np.asarray(flat.quantiles), uniform, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows,m,k,n", [(37, 3, 40, 51), (16, 2, 259, 21)], ids=str)
+def test_m6_m7_head_statistics_aligned_weights_give_the_same_numbers(rows, m, k, n):
+    """``aligned=True`` reads each column group zero-padded to NP atoms: the same tiles, so
+    every statistic equals the packed layout's to float rounding (interpret mode's XLA may sum a
+    tile product in another order: 1 ulp seen), and float64 numpy's to the usual tolerance. The
+    padded layout itself: group s at columns s·NP … s·NP + N − 1, zeros after."""
+    args = _inputs(rows, m, k, n, seed=rows + n)
+    packed = _kernel(*args)
+    aligned = head_statistics_pallas(
+        *args, actions=A, levels=LEVELS, blocks=SMALL, aligned=True,
+        interpret=BACKEND == "interpret",
+    )  # fmt: skip
+    for g, want in zip(aligned, packed, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-6)
+    with jax.default_matmul_precision("highest"):
+        hi = head_statistics_pallas(
+            *args, actions=A, levels=LEVELS, blocks=SMALL, aligned=True,
+            interpret=BACKEND == "interpret",
+        )  # fmt: skip
+    for g, want in zip(hi, _by_hand(*args), strict=True):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-5)
+    w = np.asarray(args[1])
+    padded = np.asarray(pad_groups(args[1], A))
+    np_ = 1 << (n - 1).bit_length()
+    assert padded.shape == (m, k, (1 + A) * np_)
+    for s in range(1 + A):
+        np.testing.assert_array_equal(
+            padded[..., s * np_ : s * np_ + n], w[..., s * n : (s + 1) * n]
+        )
+        assert not padded[..., s * np_ + n : (s + 1) * np_].any()
+
+
+def test_m7_cumsum_by_products_equals_a_sequential_cumsum_to_float_rounding():
+    """The CDF as three bfloat16 parts times the triangular ones matrix: every term exact, so
+    the sums differ from a sequential float64 cumsum by rounding only (a one-part split, plain
+    bfloat16, is off by ~1e-3: the split is what makes it exact)."""
+    x = jax.random.normal(jax.random.PRNGKey(5), (64, 64)) * 3.0
+    p = jax.nn.softmax(x, axis=1)
+    want = np.cumsum(np.asarray(p, np.float64), axis=1)
+    got = np.asarray(cumsum_by_products(p))
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-7)
+    upper = np.triu(np.ones((64, 64), np.float32))
+    one_part = np.asarray(p.astype(jnp.bfloat16).astype(jnp.float32)) @ upper
+    assert np.abs(one_part - want).max() > 1e-4
+
+
+def test_m6_m7_head_statistics_kernel_with_the_cdf_as_products_equals_numpy():
+    args = _inputs(37, 3, 40, 51, seed=11, scale=3.0)
+    with jax.default_matmul_precision("highest"):
+        got = head_statistics_pallas(
+            *args, actions=A, levels=LEVELS, blocks=SMALL, cdf="products",
+            interpret=BACKEND == "interpret",
+        )  # fmt: skip
+    for g, want in zip(got, _by_hand(*args), strict=True):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-5)
+    with pytest.raises(ValueError, match="cdf must be scan or products"):
+        head_statistics_pallas(*args, actions=A, levels=LEVELS, cdf="sorted", interpret=True)
+
+
 def test_m6_m7_head_statistics_kernel_refuses_bad_shapes_and_blocks():
     a, w, b, v_min, dz = _inputs(8, 2, 16, 51, seed=0)
     with pytest.raises(ValueError, match=r"a must be \[B, m·K\]"):
@@ -140,12 +201,23 @@ def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
     float32 (TF32) and bf16 operands (visible as truncations to bf16 in the IR)."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     rows, m, k, n = 65536, 3, 256, 51
-    for bf16 in (False, True):
-        fn = jax.jit(functools.partial(head_statistics_pallas, actions=A, levels=LEVELS, bf16=bf16))
+    for bf16, aligned, cdf in (
+        (False, False, "scan"), (True, False, "scan"), (False, True, "products")
+    ):  # fmt: skip
+        fn = jax.jit(
+            functools.partial(
+                head_statistics_pallas,
+                actions=A,
+                levels=LEVELS,
+                bf16=bf16,
+                aligned=aligned,
+                cdf=cdf,
+            )
+        )
         args = (spec(rows, m * k), spec(m, k, 4 * n), spec(m, 4 * n), spec(rows), spec(rows))
         text = fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 1
-        assert ("truncf" in text) == bf16
+        assert ("truncf" in text) == (bf16 or cdf == "products")
 
 
 def test_m6_m7_head_statistics_available_warns_once_on_the_cpu_and_is_true_on_a_gpu():
