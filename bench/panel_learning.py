@@ -134,6 +134,18 @@ def table(run: Path, mean_goal: float, worst_goal: float, config_path: str) -> l
             f"({'met' if ok_turn else 'NOT met'}); |Sharpe| {abs(r[1]):.3f} vs 2 SE "
             f"{2 * r[6]:.3f} ({'met' if ok_sharpe else 'NOT met'})"
         )
+    gate = s["panel"].get("gate")
+    if gate:  # eval.gate_t: the validation-gated portfolio (reported beside, never instead)
+        traded = gate["traded"]
+        ungated = s["panel"]["portfolio"]["test"]["agent"]
+        lines += [
+            "",
+            f"validation gate t = {gate['t']}: agents trading each instrument "
+            + ", ".join(f"{n} {100 * f:.0f} %" for n, f in traded.items()),
+            f"equal-weight test portfolio: gated Sharpe {gate['test']['sharpe']:.3f} "
+            f"(turnover {gate['test']['annual_turnover']:.1f}) vs every instrument "
+            f"{ungated['sharpe']:.3f} (turnover {ungated['annual_turnover']:.1f})",
+        ]
     return lines
 
 

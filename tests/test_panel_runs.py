@@ -27,7 +27,7 @@ PANEL = [
     " {name: late, phi: 0.2, vol: 0.02, start_date: '2004-03-01'}, {name: noise, phi: 0.0}]",
 ]
 ARGS = ["--config", str(SMOKE), *PANEL, "train.epochs=2", "train.iterations_per_epoch=3"]
-ARGS += ["train.num_seeds=2"]
+ARGS += ["train.num_seeds=2", "eval.gate_t=0.0"]
 NAMES = ["late", "noise", "slow"]
 
 
@@ -102,7 +102,27 @@ def test_e3_panel_run_judges_every_instrument(panel_run):
     pf_agent = summary["panel"]["portfolio"]["test"]["agent"]["sharpe"]
     sharpe1 = metrics_lib.performance(pf[pf.seed == 1]["return"].to_numpy(), ppy)["sharpe"]
     assert pf_agent == pytest.approx((sharpe0 + sharpe1) / 2, rel=1e-6)
+    # the validation gate (eval.gate_t = 0): each seed trades on test the instruments its own
+    # val walk gave a Sharpe ≥ 0, recomputed here from the logs
+    vlog = pd.read_csv(run / "eval_val.csv")
+    gated = []
+    for seed in (0, 1):
+        rows = vlog[vlog.seed == seed]
+        passed = [
+            n
+            for n in NAMES
+            if metrics_lib.performance(rows[rows.instrument == n]["return"].to_numpy(), ppy)[
+                "sharpe"
+            ]
+            >= 0.0
+        ]
+        assert summary["panel"]["gate"]["agents"][seed] == passed
+        test_rows = log[(log.seed == seed) & log.instrument.isin(passed)]
+        rets = test_rows.groupby("date")["return"].mean().to_numpy() if passed else np.zeros(3)
+        gated.append(metrics_lib.performance(rets, ppy)["annual_return"])
+    assert summary["panel"]["gate"]["test"]["annual_return"] == pytest.approx(np.mean(gated))
     report = (run / "report.md").read_text()
+    assert "### Validation gate (eval.gate_t = 0.000)" in report
     assert "## Panel: 3 instruments" in report and "### Per instrument" in report
     assert "| slow |" in report and (run / "instrument_sharpe.png").stat().st_size > 1000
     events = (run / "events.log").read_text()
@@ -180,6 +200,60 @@ def test_e3_panel_cross_section_statistics_against_hand_values():
         "high": pytest.approx(0.7),
     }
     assert same["beats_buy_and_hold"] == 1.0
+
+
+def _gate_walk(values: dict, split_rows: dict | None = None):
+    """A PanelResult by hand: per instrument its Sharpe and (test) its per-date returns."""
+    from jaxdqn.evaluation.panel_walk import PanelResult
+    from jaxdqn.evaluation.walk import EvalResult
+
+    inst, frames = {}, []
+    for name, (sharpe, rets) in values.items():
+        log = pd.DataFrame(
+            {
+                "instrument": name,
+                "date": pd.date_range("2020-01-01", periods=len(rets)),
+                "return": rets,
+                "position": np.sign(rets),
+                "traded": np.ones(len(rets)),
+            }
+        )
+        inst[name] = EvalResult(log, {"sharpe": sharpe})
+        frames.append(log)
+    return PanelResult(pd.concat(frames, ignore_index=True), {}, inst)
+
+
+def test_e3_panel_validation_gate_trades_only_what_each_agents_val_passed():
+    """eval.gate_t: Sharpe ≥ t·SE over the instrument's val bars (SE of 1.0 over 252 daily bars
+    is 1.00099: 1.0 fails at t = 1, 1.002 passes); each agent's gated test portfolio is the
+    equal-weight portfolio of the instruments its own val passed; none passed: flat."""
+    ppy, year = 252.0, np.zeros(252)
+    se = metrics_lib.sharpe_se(1.0, 252, ppy)
+    assert se == pytest.approx(np.sqrt((1 + (1 / np.sqrt(252)) ** 2 / 2) / 252) * np.sqrt(252))
+    gate = panel_statistics.gate_instruments
+    assert gate({"a": 1.0, "b": 1.002, "c": np.nan}, {"a": 252, "b": 252, "c": 252}, ppy, 1.0) == [
+        "b"
+    ]
+    assert gate({"a": -0.5}, {"a": 252}, ppy, -1.0) == ["a"]  # a negative t admits losers
+    ra, rb, rc = [0.01, 0.02, -0.01], [0.03, 0.0, 0.01], [-0.05, -0.05, -0.05]
+    val = [
+        _gate_walk({"a": (2.0, year), "b": (0.5, year), "c": (np.nan, year)}),
+        _gate_walk({"a": (1.5, year), "b": (1.2, year), "c": (-1.0, year)}),
+    ]
+    test = [_gate_walk({"a": (0, ra), "b": (0, rb), "c": (0, rc)}) for _ in range(2)]
+    out = panel_statistics.validation_gate(val, test, ppy, 1.0)
+    assert out["agents"] == [["a"], ["a", "b"]]
+    assert out["traded"] == {"a": 1.0, "b": 0.5, "c": 0.0}
+    by_hand = [
+        metrics_lib.performance(np.asarray(r), ppy, positions=np.sign(r), traded=np.ones(3))
+        for r in (np.asarray(ra), (np.asarray(ra) + np.asarray(rb)) / 2)
+    ]
+    for k in ("sharpe", "annual_return", "turnover"):
+        assert out["test"][k] == pytest.approx((by_hand[0][k] + by_hand[1][k]) / 2), k
+    none = panel_statistics.validation_gate(val, test, ppy, 5.0)
+    assert none["agents"] == [[], []] and none["traded"] == {"a": 0.0, "b": 0.0, "c": 0.0}
+    assert none["test"]["annual_return"] == 0.0 and none["test"]["turnover"] == 0.0
+    assert np.isnan(none["test"]["sharpe"])
 
 
 def test_e3_baselines_cli_prints_a_panel_instrument_by_instrument(capsys):

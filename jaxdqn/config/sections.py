@@ -182,6 +182,16 @@ class EvalConfig:
         "mean or the median over instruments of each instrument's metric",
         choices=("mean", "median"),
     )
+    gate_t: float | None = _f(
+        None,
+        "panels: also report the validation-gated portfolio. Each agent trades on test only the "
+        "instruments where its val walk's Sharpe is at least gate_t standard errors "
+        "(metrics.sharpe_se over that instrument's val bars), equal-weighted among them, and "
+        "holds the others flat (e.g. 1.0; chosen on val only: the ungated numbers are reported "
+        "as before). null: no gate",
+        lo=-10.0,
+        hi=10.0,
+    )
     walk_test: bool = _f(
         True,
         "walk the best checkpoint on test at the end of the run (and the baselines, the test "

@@ -24,7 +24,13 @@ import pandas as pd
 
 from jaxdqn.evaluation import metrics
 
-__all__ = ["cross_section_statistics", "portfolio_log", "portfolio_metrics"]
+__all__ = [
+    "cross_section_statistics",
+    "gate_instruments",
+    "portfolio_log",
+    "portfolio_metrics",
+    "validation_gate",
+]
 
 
 def portfolio_log(log: pd.DataFrame) -> pd.DataFrame:
@@ -50,6 +56,59 @@ def portfolio_metrics(log: pd.DataFrame, periods_per_year: float) -> dict[str, f
         positions=log["position"].to_numpy(dtype=np.float64),
         traded=log["traded"].to_numpy(dtype=np.float64),
     )
+
+
+def gate_instruments(
+    sharpe: dict[str, float], bars: dict[str, int], periods_per_year: float, t: float
+) -> list[str]:
+    """The instruments an agent trades under the validation gate: those whose val Sharpe is at
+    least ``t`` standard errors, ``sharpe_i ≥ t · SE(sharpe_i, bars_i)``
+    (:func:`jaxdqn.evaluation.metrics.sharpe_se`); a NaN Sharpe (a flat val walk) is not
+    traded. Names in the order of ``sharpe``."""
+    return [
+        name
+        for name, s in sharpe.items()
+        if math.isfinite(s) and s >= t * metrics.sharpe_se(s, bars[name], periods_per_year)
+    ]
+
+
+def validation_gate(val, test, periods_per_year: float, t: float) -> dict[str, Any]:
+    """The validation-gated portfolio of a panel run's agents.
+
+    ``val[s]``, ``test[s]``: agent s's :class:`~jaxdqn.evaluation.panel_walk.PanelResult` on
+    each split (the same checkpoint). Agent s trades on test the instruments
+    :func:`gate_instruments` picks from its own val walk, equal-weighted among them
+    (:func:`portfolio_log` of their rows), and holds the rest flat; with none picked it is flat
+    (return 0 every bar, Sharpe NaN).
+
+    Returns ``{"t", "traded": {name: fraction of agents trading it}, "agents": [[names] per
+    agent], "test": metrics (the NaN-ignoring mean over agents, keyed as
+    :func:`portfolio_metrics`)}``.
+    """
+    chosen, per_agent = [], []
+    for v, te in zip(val, test, strict=True):
+        sharpe = {n: float(r.metrics["sharpe"]) for n, r in v.instruments.items()}
+        bars = {n: len(r.log) for n, r in v.instruments.items()}
+        names = gate_instruments(sharpe, bars, periods_per_year, t)
+        chosen.append(names)
+        log = te.log[te.log["instrument"].isin(names)] if names else te.log
+        pf = portfolio_log(log)
+        if not names:  # flat: the dates of the walk, nothing held
+            pf[["return", "position", "traded"]] = 0.0
+            pf["equity"] = 1.0
+        per_agent.append(portfolio_metrics(pf, periods_per_year))
+    mean = {}
+    for k in per_agent[0]:
+        vals = np.asarray([m[k] for m in per_agent], dtype=np.float64)
+        vals = vals[np.isfinite(vals)]
+        mean[k] = float(vals.mean()) if vals.size else float("nan")
+    names = list(val[0].instruments)
+    return {
+        "t": float(t),
+        "traded": {n: sum(n in c for c in chosen) / len(chosen) for n in names},
+        "agents": chosen,
+        "test": mean,
+    }
 
 
 def _finite(x: float) -> float | None:

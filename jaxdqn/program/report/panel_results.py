@@ -12,6 +12,9 @@
   per-instrument agents against the equal-weight portfolio of each baseline
   (:func:`~jaxdqn.evaluation.panel_statistics.portfolio_log`). The run's ``statistics`` (PSR,
   DSR, SPA, bootstrap) are those portfolios'.
+* ``panel["gate"]`` with ``eval.gate_t`` set and both splits walked: the validation-gated
+  portfolio (:func:`~jaxdqn.evaluation.panel_statistics.validation_gate`): each agent trades
+  on test the instruments whose own val walk passed the gate.
 * ``baselines_instruments_{split}.csv`` (:func:`write_instrument_baselines`): every baseline's
   equity on every instrument's walk.
 """
@@ -111,6 +114,10 @@ def panel_entries(
         "cross_section": cross,
         "portfolio": portfolio,
     }
+    if cfg.eval.gate_t is not None and "val" in walks and "test" in walks:
+        panel["gate"] = panel_statistics.validation_gate(
+            walks["val"], walks["test"], ppy, cfg.eval.gate_t
+        )
     return {"instruments": instruments, "panel": panel}
 
 

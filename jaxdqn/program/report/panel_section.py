@@ -7,7 +7,7 @@ instrument's test Sharpe, the agent's against buy-and-hold's."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,33 @@ def plot_instrument_sharpe(run_dir: Path, instruments: Mapping[str, Any], split:
     return path.name
 
 
+def gate_lines(panel: Mapping[str, Any], cols: Sequence[str]) -> list[str]:
+    """The validation gate's subsection (``eval.gate_t``; none without it): the gated test
+    portfolio beside the ungated one, and how often each instrument passed."""
+    gate = panel.get("gate")
+    if not isinstance(gate, Mapping):
+        return []
+    ungated = ((panel.get("portfolio") or {}).get("test") or {}).get("agent") or {}
+    rows = [
+        ["test: **agent, gated**", *(fixed((gate.get("test") or {}).get(k)) for k in cols)],
+        ["test: agent, every instrument", *(fixed(ungated.get(k)) for k in cols)],
+    ]
+    traded = gate.get("traded") or {}
+    passed = ", ".join(f"{n} {100 * float(f):.0f} %" for n, f in traded.items())
+    return [
+        "",
+        f"### Validation gate (eval.gate_t = {fixed(gate.get('t'))})",
+        "",
+        "Each agent trades on test only the instruments where its own val walk's Sharpe is at "
+        f"least {fixed(gate.get('t'))} standard errors, equal-weighted among them, and holds the "
+        "others flat (chosen on val only; the tables above and below are ungated).",
+        "",
+        *markdown_table(["strategy", *cols], rows),
+        "",
+        f"Agents trading each instrument: {passed}.",
+    ]
+
+
 def panel_section(
     summary: Mapping[str, Any],
     run_dir: Path,
@@ -117,6 +144,7 @@ def panel_section(
         for name, m in strategies:
             rows.append([f"{split}: {name}", *(fixed(m.get(k)) for k in cols)])
     lines += ["", "### Equal-weight portfolios", "", *markdown_table(["strategy", *cols], rows)]
+    lines += gate_lines(panel, cols)
     lines += ["", "### Per instrument", ""]
     first = next(iter(instruments.values())).get("baselines") or {}
     base_names = [b for b in first if b not in ORACLE_EXECUTIONS and b != "flat"]
