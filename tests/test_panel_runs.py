@@ -27,7 +27,7 @@ PANEL = [
     " {name: late, phi: 0.2, vol: 0.02, start_date: '2004-03-01'}, {name: noise, phi: 0.0}]",
 ]
 ARGS = ["--config", str(SMOKE), *PANEL, "train.epochs=2", "train.iterations_per_epoch=3"]
-ARGS += ["train.num_seeds=2", "eval.gate_t=0.0"]
+ARGS += ["train.num_seeds=2", "eval.gate_t=0.0", "eval.plots=true"]
 NAMES = ["late", "noise", "slow"]
 
 

@@ -195,6 +195,20 @@ def test_e3_report_single_seed(tmp_path):
     assert "6 epochs logged (epochs 1–6); 1 SGDR restarts, 1 branch resets, 1 rewinds." in text
 
 
+def test_e3_report_without_figures_when_eval_plots_is_false(tmp_path):
+    """``eval.plots=false`` (configs/smoke.yaml, the tests' runs): the same tables and lines,
+    no PNG written or linked, one line saying the figures are off."""
+    run = tmp_path / "run"
+    _make_run(run, seeds=1)
+    cfg = config.load(overrides=["train.num_seeds=1", "model.vsn=false", "eval.plots=false"])
+    (run / "config.yaml").write_text(config.dump(cfg))
+    text = write_report(run).read_text()
+    assert not list(run.glob("*.png")) and "![" not in text
+    assert "_Off (`eval.plots=false`): no equity, drawdown or training plots._" in text
+    assert "| **agent** | 1.250 | nan | -0.100 | 0.050 |" in text
+    assert "6 epochs logged (epochs 1–6); 1 SGDR restarts, 1 branch resets, 1 rewinds." in text
+
+
 def test_e3_report_lists_the_oracle_per_order_type_with_its_execution_chosen_on_val(tmp_path):
     run = tmp_path / "run"
     _make_run(run, seeds=1)

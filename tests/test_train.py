@@ -67,15 +67,12 @@ def test_e3_training_writes_every_output(full_run):
         "baselines_test.csv",
         "summary.json",
         "report.md",
-        "equity_test.png",
-        "drawdown_test.png",
-        "losses.png",
-        "val_sharpe.png",
-        "learning_rate.png",
-        "q_gap.png",
-        "atom_utilisation.png",
     ):
         assert (run / name).is_file(), name
+    # configs/smoke.yaml sets eval.plots=false: the report says so and draws nothing
+    # (tests/test_report.py draws every figure)
+    assert "_Off (`eval.plots=false`)" in (run / "report.md").read_text()
+    assert not list(run.glob("*.png"))
     assert any((run / "tb").rglob("*tfevents*"))
     records = _records(run)
     assert [r["epoch"] for r in records] == [1, 2, 3, 4]
@@ -416,8 +413,7 @@ def test_e3_seed_population_is_evaluated_checkpointed_and_reported_per_seed():
         "## Results (best checkpoint by validation Sharpe)",
         "## Statistics",
         "## Cost stress (test)",
-        "## Val equity",
-        "## Test equity",
+        "## Figures",  # eval.plots=false (smoke.yaml): no equity sections
         "## Training",
     ]
 

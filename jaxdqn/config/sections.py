@@ -182,6 +182,11 @@ class EvalConfig:
         "mean or the median over instruments of each instrument's metric",
         choices=("mean", "median"),
     )
+    plots: bool = _f(
+        True,
+        "write the report's figures (PNG, about 1-2 s a run); false: report.md without them "
+        "(configs/smoke.yaml, the tests' sizes, sets false)",
+    )
     gate_t: float | None = _f(
         None,
         "panels: also report the validation-gated portfolio. Each agent trades on test only the "

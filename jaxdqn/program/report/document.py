@@ -301,9 +301,13 @@ def _run_section(
     return lines + [f"| {k} | {v} |" for k, v in rows] + [""]
 
 
-def _equity_sections(run_dir: Path) -> list[str]:
+def _equity_sections(run_dir: Path, figures: bool = True) -> list[str]:
     """Equity and drawdown against the baselines per split (a panel: its equal-weight
-    portfolio); the val curve only when the agent was walked on val."""
+    portfolio); the val curve only when the agent was walked on val. ``figures`` False (the
+    run's ``eval.plots``): one line saying they are off."""
+    if not figures:
+        return ["## Figures", "", "_Off (`eval.plots=false`): no equity, drawdown or training "
+                "plots._", ""]  # fmt: skip
     lines: list[str] = []
     for split in SPLITS:
         eval_path = run_dir / f"eval_{split}.csv"
@@ -330,21 +334,24 @@ def _training_section(
     records: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None,
     seeds: int,
+    plots: bool = True,
 ) -> list[str]:
-    """The training curves of ``metrics.jsonl`` and a line of what the loop did."""
+    """The training curves of ``metrics.jsonl`` (``plots``) and a line of what the loop did."""
     if not records:
         return ["## Training", "", "_No metrics.jsonl records._", ""]
     lines = ["## Training", ""]
     markers = training_plots.Markers(records)
     bh = ((summary or {}).get("baselines") or {}).get("buy_and_hold") or {}
-    figures = training_plots.plot_training(
-        run_dir,
-        records,
-        seeds,
-        markers,
-        best_epoch=(summary or {}).get("best_epoch"),
-        val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
-    )
+    figures = []
+    if plots:
+        figures = training_plots.plot_training(
+            run_dir,
+            records,
+            seeds,
+            markers,
+            best_epoch=(summary or {}).get("best_epoch"),
+            val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
+        )
     for title, png in figures:
         if png is None:
             lines += [f"_{title}: not in metrics.jsonl._", ""]
@@ -382,18 +389,20 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     summary = read_summary(run_dir)
     cfg = _load_yaml(run_dir / "config.yaml")
     seeds = _num_seeds(summary, records)
+    plots = bool(((cfg or {}).get("eval") or {}).get("plots", True))
+    fig_dir = run_dir if plots else None
 
     lines = _run_section(run_dir, summary, records, cfg)
     if summary is not None:
-        lines += _results_section(summary) + population_section(summary, run_dir)
-        lines += panel_section.panel_section(summary, run_dir, SPLITS)
+        lines += _results_section(summary) + population_section(summary, fig_dir)
+        lines += panel_section.panel_section(summary, fig_dir, SPLITS)
         lines += statistics_section.statistics_section(summary, SPLITS)
-        lines += statistics_section.cost_stress_section(summary, run_dir)
+        lines += statistics_section.cost_stress_section(summary, fig_dir)
     else:
         lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
 
-    lines += _equity_sections(run_dir)
-    lines += _training_section(run_dir, records, summary, seeds)
+    lines += _equity_sections(run_dir, plots)
+    lines += _training_section(run_dir, records, summary, seeds, plots)
     path = run_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(lines))
     return path

@@ -95,12 +95,13 @@ def gate_lines(panel: Mapping[str, Any], cols: Sequence[str]) -> list[str]:
 
 def panel_section(
     summary: Mapping[str, Any],
-    run_dir: Path,
+    run_dir: Path | None,
     splits: tuple[str, ...] = ("val", "test"),
     intro: str | None = None,
 ) -> list[str]:
     """The Markdown lines of the panel section (none when the run is not a panel's); ``intro``
-    replaces its first paragraph (what the numbers above it are)."""
+    replaces its first paragraph (what the numbers above it are). ``run_dir`` None: no
+    figure (``eval.plots=false``)."""
     panel, instruments = summary.get("panel"), summary.get("instruments")
     if not isinstance(panel, Mapping) or not isinstance(instruments, Mapping):
         return []
@@ -159,6 +160,7 @@ def panel_section(
             ]
             rows.append([name, *cells])
         lines += [f"#### {split}", "", *markdown_table(head, rows), ""]
-    png = plot_instrument_sharpe(run_dir, instruments, splits[-1])
-    lines += [f"![Sharpe per instrument]({png})", ""]
+    if run_dir is not None:
+        png = plot_instrument_sharpe(run_dir, instruments, splits[-1])
+        lines += [f"![Sharpe per instrument]({png})", ""]
     return lines

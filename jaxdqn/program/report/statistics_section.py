@@ -122,9 +122,9 @@ def statistics_section(summary: Mapping[str, Any], splits: Sequence[str]) -> lis
     return lines
 
 
-def cost_stress_section(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
+def cost_stress_section(summary: Mapping[str, Any], run_dir: Path | None) -> list[str]:
     """The "Cost stress" section with its table and ``cost_stress.png`` (empty when the summary
-    has no ``cost_stress``)."""
+    has no ``cost_stress``; no figure when ``run_dir`` is None: ``eval.plots=false``)."""
     stress = summary.get("cost_stress")
     if not isinstance(stress, Mapping) or not stress.get("rows"):
         return []
@@ -149,13 +149,16 @@ def cost_stress_section(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
         for j, s in enumerate(r.get("seeds") or []):
             sharpe[i, j] = as_float(s.get("sharpe"))
     bh = ((summary.get("baselines") or {}).get("buy_and_hold") or {}).get(split) or {}
-    png = plots.plot_cost_stress(
-        run_dir,
-        [float(r["multiple"]) for r in rows],
-        sharpe,
-        split,
-        {"buy_and_hold at 1×": as_float(bh.get("sharpe"))},
-    )
+    figure = []
+    if run_dir is not None:
+        png = plots.plot_cost_stress(
+            run_dir,
+            [float(r["multiple"]) for r in rows],
+            sharpe,
+            split,
+            {"buy_and_hold at 1×": as_float(bh.get("sharpe"))},
+        )
+        figure = [f"![cost stress]({png})", ""]
     label = "seed mean" if seeds > 1 else "one seed"
     return [
         f"## Cost stress ({split})",
@@ -166,6 +169,5 @@ def cost_stress_section(summary: Mapping[str, Any], run_dir: Path) -> list[str]:
         "",
         *markdown_table(head, body),
         "",
-        f"![cost stress]({png})",
-        "",
+        *figure,
     ]
