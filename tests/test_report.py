@@ -204,7 +204,7 @@ def test_e3_report_without_figures_when_eval_plots_is_false(tmp_path):
     (run / "config.yaml").write_text(config.dump(cfg))
     text = write_report(run).read_text()
     assert not list(run.glob("*.png")) and "![" not in text
-    assert "_Off (`eval.plots=false`): no equity, drawdown or training plots._" in text
+    assert "_Off (`eval.plots=false`): no equity or training plots._" in text
     assert "| **agent** | 1.250 | nan | -0.100 | 0.050 |" in text
     assert "6 epochs logged (epochs 1–6); 1 SGDR restarts, 1 branch resets, 1 rewinds." in text
 

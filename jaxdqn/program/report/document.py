@@ -303,11 +303,9 @@ def _run_section(
 
 def _equity_sections(run_dir: Path, figures: bool = True) -> list[str]:
     """Equity and drawdown against the baselines per split (a panel: its equal-weight
-    portfolio); the val curve only when the agent was walked on val. ``figures`` False (the
-    run's ``eval.plots``): one line saying they are off."""
+    portfolio; val only when walked); ``figures`` False (``eval.plots``): a line saying so."""
     if not figures:
-        return ["## Figures", "", "_Off (`eval.plots=false`): no equity, drawdown or training "
-                "plots._", ""]  # fmt: skip
+        return ["## Figures", "", "_Off (`eval.plots=false`): no equity or training plots._", ""]
     lines: list[str] = []
     for split in SPLITS:
         eval_path = run_dir / f"eval_{split}.csv"
@@ -342,16 +340,10 @@ def _training_section(
     lines = ["## Training", ""]
     markers = training_plots.Markers(records)
     bh = ((summary or {}).get("baselines") or {}).get("buy_and_hold") or {}
-    figures = []
-    if plots:
-        figures = training_plots.plot_training(
-            run_dir,
-            records,
-            seeds,
-            markers,
-            best_epoch=(summary or {}).get("best_epoch"),
-            val_sharpe_lines={"buy_and_hold val": as_float((bh.get("val") or {}).get("sharpe"))},
-        )
+    best, bh_val = (summary or {}).get("best_epoch"), as_float((bh.get("val") or {}).get("sharpe"))
+    plot = training_plots.plot_training
+    kw = {"best_epoch": best, "val_sharpe_lines": {"buy_and_hold val": bh_val}}
+    figures = plot(run_dir, records, seeds, markers, **kw) if plots else []
     for title, png in figures:
         if png is None:
             lines += [f"_{title}: not in metrics.jsonl._", ""]
