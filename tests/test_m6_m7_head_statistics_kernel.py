@@ -44,9 +44,9 @@ def _inputs(rows: int, m: int, k: int, n: int, seed: int, scale: float = 1.0):
 SMALL = HeadStatBlocks(16, 16, 4)
 
 
-def _kernel(*args, blocks=SMALL, levels=LEVELS):
+def _kernel(*args, blocks=SMALL, levels=LEVELS, **kw):
     return head_statistics_pallas(
-        *args, actions=A, levels=levels, blocks=blocks, interpret=BACKEND == "interpret"
+        *args, actions=A, levels=levels, blocks=blocks, interpret=BACKEND == "interpret", **kw
     )
 
 
@@ -135,17 +135,11 @@ def test_m6_m7_head_statistics_aligned_weights_give_the_same_numbers(rows, m, k,
     padded layout itself: group s at columns s·NP … s·NP + N − 1, zeros after."""
     args = _inputs(rows, m, k, n, seed=rows + n)
     packed = _kernel(*args)
-    aligned = head_statistics_pallas(
-        *args, actions=A, levels=LEVELS, blocks=SMALL, aligned=True,
-        interpret=BACKEND == "interpret",
-    )  # fmt: skip
+    aligned = _kernel(*args, aligned=True)
     for g, want in zip(aligned, packed, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-6)
     with jax.default_matmul_precision("highest"):
-        hi = head_statistics_pallas(
-            *args, actions=A, levels=LEVELS, blocks=SMALL, aligned=True,
-            interpret=BACKEND == "interpret",
-        )  # fmt: skip
+        hi = _kernel(*args, aligned=True)
     for g, want in zip(hi, _by_hand(*args), strict=True):
         np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-5)
     w = np.asarray(args[1])
@@ -176,10 +170,7 @@ def test_m7_cumsum_by_products_equals_a_sequential_cumsum_to_float_rounding():
 def test_m6_m7_head_statistics_kernel_with_the_cdf_as_products_equals_numpy():
     args = _inputs(37, 3, 40, 51, seed=11, scale=3.0)
     with jax.default_matmul_precision("highest"):
-        got = head_statistics_pallas(
-            *args, actions=A, levels=LEVELS, blocks=SMALL, cdf="products",
-            interpret=BACKEND == "interpret",
-        )  # fmt: skip
+        got = _kernel(*args, cdf="products")
     for g, want in zip(got, _by_hand(*args), strict=True):
         np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-5)
     with pytest.raises(ValueError, match="cdf must be scan or products"):

@@ -29,6 +29,7 @@ __all__ = [
     "gate_instruments",
     "portfolio_log",
     "portfolio_metrics",
+    "seed_mean",
     "validation_gate",
 ]
 
@@ -56,6 +57,16 @@ def portfolio_metrics(log: pd.DataFrame, periods_per_year: float) -> dict[str, f
         positions=log["position"].to_numpy(dtype=np.float64),
         traded=log["traded"].to_numpy(dtype=np.float64),
     )
+
+
+def seed_mean(per_seed: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the NaN-ignoring mean over seeds (NaN when every seed's is NaN)."""
+    out = {}
+    for k in per_seed[0]:
+        vals = np.asarray([m[k] for m in per_seed], dtype=np.float64)
+        vals = vals[np.isfinite(vals)]
+        out[k] = float(vals.mean()) if vals.size else float("nan")
+    return out
 
 
 def gate_instruments(
@@ -97,17 +108,12 @@ def validation_gate(val, test, periods_per_year: float, t: float) -> dict[str, A
             pf[["return", "position", "traded"]] = 0.0
             pf["equity"] = 1.0
         per_agent.append(portfolio_metrics(pf, periods_per_year))
-    mean = {}
-    for k in per_agent[0]:
-        vals = np.asarray([m[k] for m in per_agent], dtype=np.float64)
-        vals = vals[np.isfinite(vals)]
-        mean[k] = float(vals.mean()) if vals.size else float("nan")
     names = list(val[0].instruments)
     return {
         "t": float(t),
         "traded": {n: sum(n in c for c in chosen) / len(chosen) for n in names},
         "agents": chosen,
-        "test": mean,
+        "test": seed_mean(per_agent),
     }
 
 

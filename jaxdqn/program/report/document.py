@@ -332,9 +332,9 @@ def _training_section(
     records: Sequence[Mapping[str, Any]],
     summary: Mapping[str, Any] | None,
     seeds: int,
-    plots: bool = True,
+    figures: bool = True,
 ) -> list[str]:
-    """The training curves of ``metrics.jsonl`` (``plots``) and a line of what the loop did."""
+    """The training curves of ``metrics.jsonl`` (``figures``) and a line of what the loop did."""
     if not records:
         return ["## Training", "", "_No metrics.jsonl records._", ""]
     lines = ["## Training", ""]
@@ -343,8 +343,8 @@ def _training_section(
     best, bh_val = (summary or {}).get("best_epoch"), as_float((bh.get("val") or {}).get("sharpe"))
     plot = training_plots.plot_training
     kw = {"best_epoch": best, "val_sharpe_lines": {"buy_and_hold val": bh_val}}
-    figures = plot(run_dir, records, seeds, markers, **kw) if plots else []
-    for title, png in figures:
+    drawn = plot(run_dir, records, seeds, markers, **kw) if figures else []
+    for title, png in drawn:
         if png is None:
             lines += [f"_{title}: not in metrics.jsonl._", ""]
         else:
@@ -381,8 +381,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     summary = read_summary(run_dir)
     cfg = _load_yaml(run_dir / "config.yaml")
     seeds = _num_seeds(summary, records)
-    plots = bool(((cfg or {}).get("eval") or {}).get("plots", True))
-    fig_dir = run_dir if plots else None
+    figures = bool(((cfg or {}).get("eval") or {}).get("plots", True))
+    fig_dir = run_dir if figures else None
 
     lines = _run_section(run_dir, summary, records, cfg)
     if summary is not None:
@@ -393,8 +393,8 @@ def write_report(run_dir: str | os.PathLike) -> Path:
     else:
         lines += ["## Results", "", "_No summary.json: the run has not finished._", ""]
 
-    lines += _equity_sections(run_dir, plots)
-    lines += _training_section(run_dir, records, summary, seeds, plots)
+    lines += _equity_sections(run_dir, figures)
+    lines += _training_section(run_dir, records, summary, seeds, figures)
     path = run_dir / REPORT_FILE
     write_text_atomic(path, "\n".join(lines))
     return path

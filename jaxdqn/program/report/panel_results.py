@@ -32,21 +32,12 @@ from jaxdqn.config import Config
 from jaxdqn.evaluation import panel_statistics
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.evaluation.panel_baselines import PanelBaselines
+from jaxdqn.evaluation.panel_statistics import seed_mean
 from jaxdqn.evaluation.panel_walk import PanelResult
 from jaxdqn.market.panel_market import PanelPrepared
 from jaxdqn.program.records import results
 
 __all__ = ["panel_entries", "portfolio_logs", "seed_mean", "write_instrument_baselines"]
-
-
-def seed_mean(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Per key, the NaN-ignoring mean over seeds (NaN when every seed's is NaN)."""
-    out = {}
-    for k in per_seed[0]:
-        vals = np.asarray([m[k] for m in per_seed], dtype=np.float64)
-        vals = vals[np.isfinite(vals)]
-        out[k] = float(vals.mean()) if vals.size else float("nan")
-    return out
 
 
 def portfolio_logs(
