@@ -12,7 +12,9 @@ call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
 - ``before`` / ``after``: the code in ``--before`` and this checkout;
 - ``flags off`` / ``flags on``: without and with :data:`jaxdqn.program.launch.runtime.GPU_XLA_FLAGS`
   (command buffers with concurrent regions); ``--flags on`` runs the second alone;
-- ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on.
+- ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on;
+  a ``--xla_...`` token in it is an XLA flag added to that variant's process (after the GPU
+  flags), e.g. ``--also "kernels.matmul=bf16 --xla_gpu_enable_triton_gemm=false"``.
 
 ``--components off``: every component off (``config.ALL_OFF``) instead of on, in every part.
 
@@ -43,6 +45,22 @@ sys.path.insert(0, str(ROOT))
 from jaxdqn.program.launch.runtime import GPU_XLA_FLAGS  # noqa: E402
 
 
+def variant(also: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """An ``--also`` string as (config overrides, extra XLA flags: its ``--xla_`` tokens)."""
+    tokens = also.split()
+    return (
+        tuple(t for t in tokens if not t.startswith("--xla_")),
+        tuple(t for t in tokens if t.startswith("--xla_")),
+    )
+
+
+def xla_env(flags: bool, xla: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment with ``XLA_FLAGS`` = the GPU flags (when ``flags``) + ``xla``."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join((*(GPU_XLA_FLAGS if flags else ()), *xla))
+    return env
+
+
 def trace_variant(
     root: Path,
     flags: bool,
@@ -50,9 +68,9 @@ def trace_variant(
     overrides: tuple[str, ...] = (),
     top: int = 40,
     components: str = "on",
+    xla: tuple[str, ...] = (),
 ) -> dict[str, str]:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
+    env = xla_env(flags, xla)
     cmd = [sys.executable, str(root / "bench" / "trace_update.py"), "--calls", "2"]
     cmd += ["--updates", str(updates), "--top", str(top), *overrides]
     if components != "on":  # (a --before checkout may predate --components)
@@ -86,11 +104,14 @@ print(f"ACTING {{row['env_steps_s']:.4e}}")
 
 
 def acting_variant(
-    root: Path, flags: bool, overrides: tuple[str, ...] = (), components: str = "on"
+    root: Path,
+    flags: bool,
+    overrides: tuple[str, ...] = (),
+    xla: tuple[str, ...] = (),
+    components: str = "on",
 ) -> str:
     """Acting env steps/s at E = 65,536 (16 steps per call, every component on or off)."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(GPU_XLA_FLAGS) if flags else ""
+    env = xla_env(flags, xla)
     switches = "ALL_ON" if components == "on" else "ALL_OFF"
     code = ACTING.format(root=str(root), overrides=list(overrides), switches=switches)
     res = subprocess.run(
@@ -158,8 +179,9 @@ def main():
                 r = trace_variant(root, flags, args.updates, components=args.components)
                 rows.append((label, "on" if flags else "off", r))
         for extra in args.also:
+            overrides, xla = variant(extra)
             r = trace_variant(
-                ROOT, True, args.updates, tuple(extra.split()), top=0, components=args.components
+                ROOT, True, args.updates, overrides, top=0, components=args.components, xla=xla
             )
             rows.append((f"{roots[-1][0]} {extra}", "on", r))
     acting_rows = []
@@ -170,15 +192,11 @@ def main():
             act = functools.partial(acting_variant, components=args.components)
             acting_rows = [("before", "on", act(before, True))]
             acting_rows += [("after", "on", act(ROOT, True))]
-            acting_rows += [
-                (f"after {e}", "on", act(ROOT, True, tuple(e.split()))) for e in args.also
-            ]
+            acting_rows += [(f"after {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
         else:
             act = functools.partial(acting_variant, components=args.components)
             acting_rows = [("this", f, act(ROOT, f == "on")) for f in settings]
-            acting_rows += [
-                (f"this {e}", "on", act(ROOT, True, tuple(e.split()))) for e in args.also
-            ]
+            acting_rows += [(f"this {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
     cache_rows = []
     if "cache" in parts:
         with tempfile.TemporaryDirectory() as tmp:
