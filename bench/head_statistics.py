@@ -42,6 +42,11 @@ from pallas_kernels.heads import _pad_atoms, head_tiles
 from pallas_kernels.statistics import row_statistics
 
 ACTIONS, ATOMS = 3, 51
+# --parts: tilings of the per-action schedule (one [bm, 64] accumulator a program; the first
+# for --smoke)
+PER_ACTION_TILINGS = [
+    HeadStatBlocks(*t) for t in ((16, 16, 4), (128, 32, 4), (64, 32, 4), (128, 64, 4), (256, 32, 8))
+]
 LEVELS = tuple(distribution.QUANTILE_LEVELS)
 
 
@@ -128,7 +133,8 @@ def main(argv=None):
     ap.add_argument(
         "--parts",
         action="store_true",
-        help="also the default tiling with aligned weights, with the CDF as products, and "
+        help="also the default tiling with aligned weights, with the CDF as products, the "
+        "per-action schedule (folded dueling) at four tilings, and "
         "(measurement aids, error not meaningful) the kernel cut after its product and after "
         "the moments",
     )
@@ -167,30 +173,48 @@ def main(argv=None):
             for t in tilings
         ]
         if args.parts:
-            candidates += [
-                (
-                    "fused kernel, aligned weights (default tiling)",
-                    functools.partial(
-                        head_statistics_pallas,
-                        actions=ACTIONS,
-                        levels=LEVELS,
-                        aligned=True,
-                        interpret=smoke,
+            candidates += (
+                [
+                    (
+                        "fused kernel, aligned weights (default tiling)",
+                        functools.partial(
+                            head_statistics_pallas,
+                            actions=ACTIONS,
+                            levels=LEVELS,
+                            aligned=True,
+                            interpret=smoke,
+                        ),
                     ),
-                ),
-                (
-                    "fused kernel, CDF as products (default tiling)",
-                    functools.partial(
-                        head_statistics_pallas,
-                        actions=ACTIONS,
-                        levels=LEVELS,
-                        cdf="products",
-                        interpret=smoke,
+                    (
+                        "fused kernel, CDF as products (default tiling)",
+                        functools.partial(
+                            head_statistics_pallas,
+                            actions=ACTIONS,
+                            levels=LEVELS,
+                            cdf="products",
+                            interpret=smoke,
+                        ),
                     ),
-                ),
-                ("part: product + dueling only", part_path("gemm", smoke)),
-                ("part: + softmax and moments, no quantiles", part_path("moments", smoke)),
-            ]
+                ]
+                + [
+                    (
+                        f"per action (folded dueling) bm={t.bm} bk={t.bk} w={t.warps}",
+                        functools.partial(
+                            head_statistics_pallas,
+                            actions=ACTIONS,
+                            levels=LEVELS,
+                            blocks=t,
+                            per_action=True,
+                            interpret=smoke,
+                        ),
+                    )
+                    for t in (PER_ACTION_TILINGS[:1] if smoke else PER_ACTION_TILINGS[1:])
+                ]
+                + [
+                    ("part: product + dueling only", part_path("gemm", smoke)),
+                    ("part: + softmax and moments, no quantiles", part_path("moments", smoke)),
+                ]
+            )
         for name, fn in candidates:
             try:
                 us = time_op(fn, sets, reps) * 1e6

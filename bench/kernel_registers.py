@@ -34,7 +34,8 @@ from pallas_kernels.head_statistics import HeadStatBlocks, head_statistics_palla
 rows, m = {rows}, {m}
 args = hs.inputs(jax.random.key(0), rows, m, 256)
 fn = functools.partial(head_statistics_pallas, actions=hs.ACTIONS, levels=hs.LEVELS,
-                       blocks=HeadStatBlocks(*{blocks!r}), aligned={aligned}, cdf={cdf!r})
+                       blocks=HeadStatBlocks(*{blocks!r}), aligned={aligned}, cdf={cdf!r},
+                       per_action={per_action})
 jax.block_until_ready(jax.jit(fn)(*args))
 print("ran")
 """
@@ -42,14 +43,24 @@ print("ran")
 
 def variants(rows: int) -> list[tuple[str, str, str]]:
     out = []
-    for blocks in ((128, 32, 8), (64, 32, 4)):
-        for aligned, cdf in ((False, "scan"), (True, "scan"), (False, "products")):
-            name = f"head_statistics {blocks[0]}x{blocks[1]}x{blocks[2]}"
-            name += (" aligned" if aligned else "") + (" cdf=products" if cdf != "scan" else "")
-            code = CHILD.format(
-                root=str(ROOT), rows=rows, m=3, blocks=blocks, aligned=aligned, cdf=cdf
-            )
-            out.append((name, "head_statistics", code))
+    cases = [((128, 32, 8), False, "scan", False), ((128, 32, 8), True, "scan", False)]
+    cases += [((128, 32, 8), False, "products", False), ((64, 32, 4), False, "scan", False)]
+    cases += [((128, 32, 4), False, "scan", True), ((64, 32, 4), False, "scan", True)]
+    for blocks, aligned, cdf, per_action in cases:
+        name = f"head_statistics {blocks[0]}x{blocks[1]}x{blocks[2]}"
+        name += " aligned" if aligned else ""
+        name += " cdf=products" if cdf != "scan" else ""
+        name += " per action" if per_action else ""
+        code = CHILD.format(
+            root=str(ROOT),
+            rows=rows,
+            m=3,
+            blocks=blocks,
+            aligned=aligned,
+            cdf=cdf,
+            per_action=per_action,
+        )
+        out.append((name, "head_statistics", code))
     return out
 
 

@@ -18,7 +18,18 @@ logits tiles in registers and writes ``(2 + L)`` numbers per (row, branch, actio
 
 Grid ``(⌈B/bm⌉, m)``, like the heads' forward kernel (its product code is shared:
 :func:`pallas_kernels.heads.head_tiles`); the statistics are those of the M7 kernel
-(:func:`pallas_kernels.statistics.row_statistics`). No gradient: the learner's differentiated
+(:func:`pallas_kernels.statistics.row_statistics`).
+
+``per_action=True``: the dueling combination is linear in the head outputs, so it is folded
+into the weights before the call, ``W'_j = W_v + W_{A_j} − (1/A) Σ_i W_{A_i}`` (and ``b'_j``
+alike; :func:`fold_dueling`, each action's columns padded to NP atoms), and each program
+computes one action's logits ``a_k W'_j + b'_j`` and its statistics. Grid ``(A, ⌈B/bm⌉, m)``,
+the action fastest, so the A programs of a row tile run together and read its ``a`` tile from
+L2 after the first. A of the 1 + A products (the value head's multiply-adds fold into the
+others) and one ``[bm, NP]`` accumulator in registers instead of 1 + A: the fused schedule
+keeps four ``[128, 64]`` float32 accumulators over 256 threads, 128 registers a thread before
+its epilogue. Same math; the logits differ by rounding (the sums of weights are formed before
+the product). No gradient: the learner's differentiated
 pass keeps the logits. Its jnp reference is :func:`pallas_kernels.heads.dueling_heads_reference`
 followed by jaxdqn's M7 (``jaxdqn.model.distribution.statistics_of_logits``), as the tests use
 it; the model's ``kernels.acting=reference`` computes exactly that.
@@ -32,10 +43,12 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
+from pallas_kernels._backend import tile_dot
 from pallas_kernels.heads import _check, _pad_atoms, head_tiles
 from pallas_kernels.statistics import row_statistics
 
@@ -43,6 +56,7 @@ __all__ = [
     "DEFAULT_HEAD_STAT_BLOCKS",
     "HeadStatBlocks",
     "HeadStatistics",
+    "fold_dueling",
     "head_statistics_available",
     "head_statistics_pallas",
     "pad_groups",
@@ -95,6 +109,46 @@ def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **k
             pl_triton.store(at, v_min + dz * pos, mask=row_ok)
 
 
+def _per_action_kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **kw):
+    bm, bk, n, num_k, actions = kw["bm"], kw["bk"], kw["n"], kw["num_k"], kw["actions"]
+    levels, cdf, bf16 = kw["levels"], kw["cdf"], kw["bf16"]
+    num_rows = a_ref.shape[0]
+    action, pid_r, branch = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = rows < num_rows
+    atoms = jnp.arange(_pad_atoms(n), dtype=jnp.int32)
+    cols = action * _pad_atoms(n) + atoms
+
+    def body(step, acc):
+        ks = step * bk + jnp.arange(bk, dtype=jnp.int32)
+        k_ok = ks < num_k
+        x = pl_triton.load(
+            a_ref.at[rows[:, None], (branch * num_k + ks)[None, :]],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        # Folded columns are zero past N in memory: the load masks only K.
+        wt = pl_triton.load(
+            w_ref.at[branch, ks[:, None], cols[None, :]],
+            mask=jnp.broadcast_to(k_ok[:, None], (bk, atoms.shape[0])),
+            other=0.0,
+        )
+        return acc + tile_dot(x, wt, ((1,), (0,)), bf16)
+
+    zeros = jnp.zeros((bm, _pad_atoms(n)), jnp.float32)
+    acc = lax.fori_loop(0, pl.cdiv(num_k, bk), body, zeros)
+    logits = acc + pl_triton.load(b_ref.at[branch, cols])[None, :]
+    lane_ok = (atoms < n)[None, :]
+    v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
+    dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
+    mean_i, var_i, positions = row_statistics(logits, lane_ok, levels, cdf)
+    col = branch * actions + action
+    pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
+    pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
+    for level, pos in enumerate(positions):
+        pl_triton.store(q_ref.at[rows, col * len(levels) + level], v_min + dz * pos, mask=row_ok)
+
+
 def head_statistics_pallas(
     a: jax.Array,
     w: jax.Array,
@@ -108,6 +162,7 @@ def head_statistics_pallas(
     bf16: bool = False,
     aligned: bool = False,
     cdf: str = "scan",
+    per_action: bool = False,
     interpret: bool = False,
 ) -> HeadStatistics:
     """The statistics of the m dueling heads' distributions: float32 ``a [B, m·K]``,
@@ -117,7 +172,9 @@ def head_statistics_pallas(
     ``aligned``: the kernel reads ``w`` and ``b`` with each of the 1 + A column groups padded
     with zeros to NP atoms (one small pad of the weights per call), so its weight tiles start
     on 16-float boundaries and load unmasked; the same products, the same numbers. ``cdf``:
-    how the epilogue forms each row's CDF (:func:`pallas_kernels.statistics.row_statistics`)."""
+    how the epilogue forms each row's CDF (:func:`pallas_kernels.statistics.row_statistics`).
+    ``per_action``: the dueling combination folded into the weights, one program per (action,
+    row tile, branch) (module docstring; ``aligned`` is implied)."""
     m, k, n = _check(a, w, b, actions)
     num_rows = a.shape[0]
     if v_min.shape != (num_rows,) or delta_z.shape != (num_rows,):
@@ -130,13 +187,16 @@ def head_statistics_pallas(
         if v & (v - 1) or v < 16:
             raise ValueError(f"head_statistics: block sizes must be powers of two >= 16, got {v}")
     levels = tuple(float(t) for t in levels)
-    kernel = functools.partial(
-        _kernel,
-        bm=bm, bk=bk, n=n, num_k=k, actions=actions, bf16=bf16, levels=levels, aligned=aligned,
-        cdf=cdf,
-    )  # fmt: skip
-    if aligned:
-        w, b = pad_groups(w, actions), pad_groups(b, actions)
+    kw = dict(bm=bm, bk=bk, n=n, num_k=k, actions=actions, bf16=bf16, levels=levels, cdf=cdf)
+    if per_action:
+        kernel = functools.partial(_per_action_kernel, **kw)
+        w, b = fold_dueling(w, b, actions)
+        grid = (actions, pl.cdiv(num_rows, bm), m)
+    else:
+        kernel = functools.partial(_kernel, aligned=aligned, **kw)
+        if aligned:
+            w, b = pad_groups(w, actions), pad_groups(b, actions)
+        grid = (pl.cdiv(num_rows, bm), m)
     f32 = jnp.float32
     per_row = jax.ShapeDtypeStruct((num_rows, m * actions), f32)
     mean, var, quant = pl.pallas_call(
@@ -146,7 +206,7 @@ def head_statistics_pallas(
             per_row,
             jax.ShapeDtypeStruct((num_rows, m * actions * len(levels)), f32),
         ),
-        grid=(pl.cdiv(num_rows, bm), m),
+        grid=grid,
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="head_statistics",
@@ -165,6 +225,24 @@ def pad_groups(x: jax.Array, actions: int) -> jax.Array:
     grouped = x.reshape(*x.shape[:-1], groups, n)
     pad = [(0, 0)] * (grouped.ndim - 1) + [(0, _pad_atoms(n) - n)]
     return jnp.pad(grouped, pad).reshape(*x.shape[:-1], groups * _pad_atoms(n))
+
+
+def fold_dueling(w: jax.Array, b: jax.Array, actions: int) -> tuple[jax.Array, jax.Array]:
+    """The dueling combination folded into the head's weights: ``w [m, K, (1+A)·N]``, ``b [m,
+    (1+A)·N]`` (groups ``[v | A_0 | …]``) → ``w' [m, K, A·NP]``, ``b' [m, A·NP]`` with group j
+    ``= v + A_j − (1/A) Σ_i A_i`` (of the weight columns; of the biases), zero-padded from N to
+    NP atoms, so that ``a_k w'_j + b'_j`` are action j's logits."""
+    groups = actions + 1
+
+    def fold(x):
+        n = x.shape[-1] // groups
+        g = x.astype(jnp.float32).reshape(*x.shape[:-1], groups, n)
+        adv = g[..., 1:, :]
+        folded = g[..., :1, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
+        pad = [(0, 0)] * (folded.ndim - 1) + [(0, _pad_atoms(n) - n)]
+        return jnp.pad(folded, pad).reshape(*x.shape[:-1], actions * _pad_atoms(n))
+
+    return fold(w), fold(b)
 
 
 def head_statistics_available(

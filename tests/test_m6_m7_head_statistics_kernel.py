@@ -19,6 +19,7 @@ import pytest
 from jaxdqn.model import distribution as D
 from pallas_kernels.head_statistics import (
     HeadStatBlocks,
+    fold_dueling,
     head_statistics_available,
     head_statistics_pallas,
     pad_groups,
@@ -153,6 +154,39 @@ def test_m6_m7_head_statistics_aligned_weights_give_the_same_numbers(rows, m, k,
         assert not padded[..., s * np_ + n : (s + 1) * np_].any()
 
 
+@pytest.mark.parametrize("rows,m,k,n", [(37, 3, 40, 51), (16, 2, 259, 21), (33, 1, 16, 5)], ids=str)
+def test_m6_m7_head_statistics_per_action_equals_numpy_and_the_fused_schedule(rows, m, k, n):
+    """``per_action=True`` (the dueling combination folded into the weights, one program per
+    action): float64 numpy's statistics to the usual tolerance, the fused schedule's to float
+    rounding (the weights are summed before the product), two tilings; ragged rows and K."""
+    args = _inputs(rows, m, k, n, seed=rows + 2 * n, scale=3.0)
+    with jax.default_matmul_precision("highest"):
+        got = _kernel(*args, per_action=True)
+    for g, want in zip(got, _by_hand(*args), strict=True):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=2e-5)
+    fused = _kernel(*args)
+    for blocks in (SMALL, HeadStatBlocks(32, 32, 4)):
+        per_action = _kernel(*args, blocks=blocks, per_action=True)
+        for g, want in zip(per_action, fused, strict=True):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-4, atol=5e-5)
+
+
+def test_m6_fold_dueling_is_each_actions_logits_as_one_linear_map():
+    """``a w'_j + b'_j`` equals the dueling logits ``v + A_j − mean_i A_i`` (float64 numpy), and
+    the padded atoms (7 → 16, the kernels' smallest lane count) are zero."""
+    a, w, b, _, _ = _inputs(9, 2, 12, 7, seed=4)
+    fw, fb = fold_dueling(w, b, A)
+    assert fw.shape == (2, 12, A * 16) and fb.shape == (2, A * 16)
+    want = np.asarray(dueling_heads_reference(*(np.asarray(x, np.float64) for x in (a, w, b)), A))
+    a64 = np.asarray(a, np.float64)
+    for i in range(2):
+        o = a64[:, i * 12 : (i + 1) * 12] @ np.asarray(fw[i], np.float64) + np.asarray(fb[i])
+        o = o.reshape(9, A, 16)
+        np.testing.assert_allclose(o[..., :7], want[:, i], rtol=1e-5, atol=1e-5)
+        assert not np.asarray(fw[i]).reshape(12, A, 16)[..., 7:].any()
+        assert not np.asarray(fb[i]).reshape(A, 16)[:, 7:].any()
+
+
 def test_m7_cumsum_by_products_equals_a_sequential_cumsum_to_float_rounding():
     """The CDF as three bfloat16 parts times the triangular ones matrix: every term exact, so
     the sums differ from a sequential float64 cumsum by rounding only (a one-part split, plain
@@ -192,8 +226,9 @@ def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
     float32 (TF32) and bf16 operands (visible as truncations to bf16 in the IR)."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     rows, m, k, n = 65536, 3, 256, 51
-    for bf16, aligned, cdf in (
-        (False, False, "scan"), (True, False, "scan"), (False, True, "products")
+    for bf16, aligned, cdf, per_action in (
+        (False, False, "scan", False), (True, False, "scan", False),
+        (False, True, "products", False), (False, False, "scan", True),
     ):  # fmt: skip
         fn = jax.jit(
             functools.partial(
@@ -203,6 +238,7 @@ def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
                 bf16=bf16,
                 aligned=aligned,
                 cdf=cdf,
+                per_action=per_action,
             )
         )
         args = (spec(rows, m * k), spec(m, k, 4 * n), spec(m, 4 * n), spec(rows), spec(rows))
