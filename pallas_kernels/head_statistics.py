@@ -54,6 +54,7 @@ from pallas_kernels.statistics import row_statistics
 
 __all__ = [
     "DEFAULT_HEAD_STAT_BLOCKS",
+    "DEFAULT_PER_ACTION_BLOCKS",
     "HeadStatBlocks",
     "HeadStatistics",
     "fold_dueling",
@@ -77,6 +78,10 @@ class HeadStatBlocks(NamedTuple):
 
 
 DEFAULT_HEAD_STAT_BLOCKS = HeadStatBlocks()
+# per_action=True: (128, 32, 4) the fastest of four tilings at 65,536 rows × 3 and × 1 on an H100
+# (281 / 105 µs; (128, 64, 4) 287 / 109, (256, 32, 8) 323 / 112, (64, 32, 4) 414 / 139;
+# bench/RESULTS.md, 2026-12-06).
+DEFAULT_PER_ACTION_BLOCKS = HeadStatBlocks(128, 32, 4)
 
 
 class HeadStatistics(NamedTuple):
@@ -158,7 +163,7 @@ def head_statistics_pallas(
     *,
     actions: int,
     levels: tuple[float, ...],
-    blocks: HeadStatBlocks = DEFAULT_HEAD_STAT_BLOCKS,
+    blocks: HeadStatBlocks | None = None,
     bf16: bool = False,
     aligned: bool = False,
     cdf: str = "scan",
@@ -174,7 +179,8 @@ def head_statistics_pallas(
     on 16-float boundaries and load unmasked; the same products, the same numbers. ``cdf``:
     how the epilogue forms each row's CDF (:func:`pallas_kernels.statistics.row_statistics`).
     ``per_action``: the dueling combination folded into the weights, one program per (action,
-    row tile, branch) (module docstring; ``aligned`` is implied)."""
+    row tile, branch) (module docstring; ``aligned`` is implied). ``blocks``: the tiling, by
+    default the fastest measured for the schedule."""
     m, k, n = _check(a, w, b, actions)
     num_rows = a.shape[0]
     if v_min.shape != (num_rows,) or delta_z.shape != (num_rows,):
@@ -182,6 +188,8 @@ def head_statistics_pallas(
             f"head_statistics: v_min and delta_z must be [B] = [{num_rows}], got "
             f"{v_min.shape} and {delta_z.shape}"
         )
+    if blocks is None:
+        blocks = DEFAULT_PER_ACTION_BLOCKS if per_action else DEFAULT_HEAD_STAT_BLOCKS
     bm, bk, warps = HeadStatBlocks(*blocks)
     for v in (bm, bk):
         if v & (v - 1) or v < 16:
@@ -246,18 +254,27 @@ def fold_dueling(w: jax.Array, b: jax.Array, actions: int) -> tuple[jax.Array, j
 
 
 def head_statistics_available(
-    m: int, k: int, n: int, actions: int, levels: tuple[float, ...], bf16: bool = False
+    m: int,
+    k: int,
+    n: int,
+    actions: int,
+    levels: tuple[float, ...],
+    bf16: bool = False,
+    per_action: bool = False,
 ) -> bool:
-    """Whether the kernel builds and runs here for these sizes (once per process; one warning
-    and False where it does not, so the caller computes the logits and M7 instead)."""
+    """Whether the kernel (the ``per_action`` schedule or not) builds and runs here for these
+    sizes (once per process; one warning and False where it does not, so the caller computes
+    the logits and M7 instead)."""
 
     def build():
         rows, f = 2 * DEFAULT_HEAD_STAT_BLOCKS.bm + 3, (actions + 1) * n  # ragged rows
         a = np.linspace(-1.0, 1.0, rows * m * k, dtype=np.float32).reshape(rows, m * k)
         w = np.linspace(-0.1, 0.1, m * k * f, dtype=np.float32).reshape(m, k, f)
         ones = np.ones((rows,), np.float32)
-        fn = functools.partial(head_statistics_pallas, actions=actions, levels=levels, bf16=bf16)
+        fn = functools.partial(
+            head_statistics_pallas, actions=actions, levels=levels, bf16=bf16, per_action=per_action
+        )
         jax.block_until_ready(jax.jit(fn)(a, w, np.zeros((m, f), np.float32), -ones, ones))
 
-    key = ("head_statistics", m, k, n, actions, tuple(levels), bf16)
+    key = ("head_statistics", m, k, n, actions, tuple(levels), bf16, per_action)
     return _backend.kernel_available(key, build)

@@ -195,6 +195,7 @@ def fused_branches(
             actions=NUM_ACTIONS,
             levels=distribution.QUANTILE_LEVELS,
             bf16=default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+            per_action=True,
             interpret=statistics == "interpret",
         )
 
@@ -242,6 +243,8 @@ def acting_kernels_available(cfg: ModelConfig, bf16: bool) -> bool:
     calls = (3, 1) if cfg.dir_conditioning else (4,)
     levels = distribution.QUANTILE_LEVELS
     return all(
-        head_statistics_available(m, cfg.ah, cfg.num_atoms, NUM_ACTIONS, levels, bf16)
+        head_statistics_available(
+            m, cfg.ah, cfg.num_atoms, NUM_ACTIONS, levels, bf16, per_action=True
+        )
         for m in calls
     )
