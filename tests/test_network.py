@@ -603,13 +603,14 @@ def test_m3_m6_fused_branches_equal_the_per_branch_modules(switches):
     _fused_equals_per_branch(dataclasses.replace(CFG, **switches), "blockdiag")
 
 
-@pytest.mark.parametrize("heads", ["split", "interpret"])
+@pytest.mark.parametrize("heads", ["split", "folded", "interpret"])
 @pytest.mark.parametrize("m5", [True, False], ids=["m5", "no_m5"])
 @pytest.mark.slow
 def test_m6_every_head_kernel_equals_the_per_branch_modules(heads, m5):
-    """kernels.heads: one product per branch and the Pallas head kernels (interpreted) give
-    the per-branch modules' outputs and gradients, with M5 (three heads, then magnitude's
-    alone) and without (all four heads at once)."""
+    """kernels.heads: one product per branch, the dueling combination folded into the weights
+    and the Pallas head kernels (interpreted) give the per-branch modules' outputs and
+    gradients, with M5 (three heads, then magnitude's alone) and without (all four heads at
+    once)."""
     _fused_equals_per_branch(dataclasses.replace(CFG, dir_conditioning=m5), heads)
     with pytest.raises(ValueError, match=r"kernels\.heads"):
         N.make_model(CFG, OBS_DIM, heads="auto")
@@ -702,7 +703,11 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
     assert bias_pass == (gated == "reference"), text
     widths = re.findall(r"f32\[\d+,(\d+)\] = dot_general", text)
     one_head = widths.count(str((1 + 3) * cfg.num_atoms))
-    if heads != "interpret":
+    if heads == "folded":  # the heads' products have 3N columns a head, none 4N
+        n3 = 3 * cfg.num_atoms
+        assert one_head == 0 and str((3 if cfg.dir_conditioning else 4) * n3) in widths, widths
+        assert (str(n3) in widths) == cfg.dir_conditioning, widths  # magnitude's, alone
+    elif heads != "interpret":
         assert one_head == (4 if heads == "split" else int(cfg.dir_conditioning)), widths
     w = jax.random.normal(jax.random.PRNGKey(6), out_r.logits.shape)
 

@@ -221,13 +221,15 @@ class KernelsConfig:
         "how kernels.fused computes the dueling heads (M6) of several branches at once: "
         "blockdiag = one GEMM with the block-diagonal matrix of the branches' [W_V | W_A] "
         "(m times the head multiply-adds, plain row-major operands), split = one GEMM per "
-        "branch, pallas = the Triton kernels of pallas_kernels/heads.py (each branch's product "
+        "branch, folded = blockdiag with the dueling combination folded into the weights "
+        "(W'_j = W_V + W_Aj - mean_i W_Ai: 3/4 of its multiply-adds, no dueling pass), "
+        "pallas = the Triton kernels of pallas_kernels/heads.py (each branch's product "
         "alone with the dueling combination fused in, forward and backward; the jnp split "
         "where they cannot be built), interpret = those kernels under the Pallas interpreter "
         "(CPU tests). All equal to float rounding. auto = blockdiag. Without the fused "
         "branches (kernels.fused=auto on the CPU) every setting resolves to blockdiag; with "
         "kernels.fused=reference anything but auto or blockdiag is an error",
-        choices=("auto", "blockdiag", "split", "pallas", "interpret"),
+        choices=("auto", "blockdiag", "split", "folded", "pallas", "interpret"),
     )
     statistics: str = _f(
         "auto",

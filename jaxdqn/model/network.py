@@ -300,7 +300,7 @@ def make_model(
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
     the four branches together (``kernels.fused``; off: one module per branch), ``heads`` how
-    it computes their heads (``kernels.heads`` resolved: blockdiag | split | pallas |
+    it computes their heads (``kernels.heads`` resolved: blockdiag | split | folded | pallas |
     interpret), ``statistics`` how M7 is computed (``kernels.statistics`` resolved:
     reference | pallas | interpret, :func:`jaxdqn.model.distribution.statistics_of_logits`),
     ``gated`` how the fused branches compute M3 + M4 (``kernels.gated`` resolved: reference |
