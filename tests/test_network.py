@@ -603,14 +603,23 @@ def test_m3_m6_fused_branches_equal_the_per_branch_modules(switches):
     _fused_equals_per_branch(dataclasses.replace(CFG, **switches), "blockdiag")
 
 
-@pytest.mark.parametrize("heads", ["split", "folded", "interpret"])
-@pytest.mark.parametrize("m5", [True, False], ids=["m5", "no_m5"])
+@pytest.mark.parametrize(
+    ("heads", "m5"),
+    [
+        ("split", True),
+        ("split", False),
+        ("folded", True),
+        ("interpret", True),
+        ("interpret", False),
+    ],
+    ids=["split-m5", "split-no_m5", "folded-m5", "interpret-m5", "interpret-no_m5"],
+)
 @pytest.mark.slow
 def test_m6_every_head_kernel_equals_the_per_branch_modules(heads, m5):
     """kernels.heads: one product per branch, the dueling combination folded into the weights
     and the Pallas head kernels (interpreted) give the per-branch modules' outputs and
     gradients, with M5 (three heads, then magnitude's alone) and without (all four heads at
-    once)."""
+    once; folded with M5 only: its two calls, m = 3 and m = 1, cover both forms)."""
     _fused_equals_per_branch(dataclasses.replace(CFG, dir_conditioning=m5), heads)
     with pytest.raises(ValueError, match=r"kernels\.heads"):
         N.make_model(CFG, OBS_DIM, heads="auto")
