@@ -120,10 +120,17 @@ def main(argv=None):
             if "ran" not in res.stdout:
                 print(f"  {name}: child failed: {res.stderr[-800:]}")
                 continue
-            ptxs = [p for p in Path(dump).rglob("*.ptx") if kernel in p.read_text()]
+            every = sorted(Path(dump).rglob("*.ptx"))
+            ptxs = [p for p in every if kernel in p.read_text()]
             found = [r for p in ptxs for r in ptxas_report(ptxas, p, kernel)]
             if not found:
-                print(f"  {name}: no PTX entry named {kernel} among {len(ptxs)} file(s)")
+                # what the dump holds instead (the next run can aim at it)
+                files = sum(1 for f in Path(dump).rglob("*") if f.is_file())
+                entries = sorted(
+                    {e for f in every for e in re.findall(r"\.entry\s+(\w+)", f.read_text())}
+                )
+                print(f"  {name}: no PTX entry named {kernel}: {files} dumped files, "
+                      f"{len(every)} .ptx, entries {entries[:12]}")  # fmt: skip
             for entry, regs, stores, loads in found:
                 table.append((name, entry, regs, stores, loads))
                 print(table[-1], flush=True)
