@@ -235,20 +235,25 @@ def pad_groups(x: jax.Array, actions: int) -> jax.Array:
     return jnp.pad(grouped, pad).reshape(*x.shape[:-1], groups * _pad_atoms(n))
 
 
-def fold_dueling(w: jax.Array, b: jax.Array, actions: int) -> tuple[jax.Array, jax.Array]:
+def fold_dueling(
+    w: jax.Array, b: jax.Array, actions: int, pad: bool = True
+) -> tuple[jax.Array, jax.Array]:
     """The dueling combination folded into the head's weights: ``w [m, K, (1+A)·N]``, ``b [m,
     (1+A)·N]`` (groups ``[v | A_0 | …]``) → ``w' [m, K, A·NP]``, ``b' [m, A·NP]`` with group j
     ``= v + A_j − (1/A) Σ_i A_i`` (of the weight columns; of the biases), zero-padded from N to
-    NP atoms, so that ``a_k w'_j + b'_j`` are action j's logits."""
+    NP atoms (``pad``; else ``A·N`` columns), so that ``a_k w'_j + b'_j`` are action j's
+    logits (M6 is linear in the head outputs). Differentiable: jaxdqn's ``kernels.heads=folded``
+    trains through it."""
     groups = actions + 1
 
     def fold(x):
         n = x.shape[-1] // groups
-        g = x.astype(jnp.float32).reshape(*x.shape[:-1], groups, n)
+        g = x.reshape(*x.shape[:-1], groups, n)
         adv = g[..., 1:, :]
         folded = g[..., :1, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
-        pad = [(0, 0)] * (folded.ndim - 1) + [(0, _pad_atoms(n) - n)]
-        return jnp.pad(folded, pad).reshape(*x.shape[:-1], actions * _pad_atoms(n))
+        width = _pad_atoms(n) if pad else n
+        widths = [(0, 0)] * (folded.ndim - 1) + [(0, width - n)]
+        return jnp.pad(folded, widths).reshape(*x.shape[:-1], actions * width)
 
     return fold(w), fold(b)
 

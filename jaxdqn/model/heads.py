@@ -12,10 +12,11 @@ For a branch's features ``a [B, AH]``: ``v = a W_V + b_V`` ``[B, N]``, ``A = a W
   transpose its operands, slower at these sizes);
 - ``split``: one product per branch;
 - ``folded``: blockdiag's one product with the dueling combination folded into each branch's
-  weights first (:func:`fold_dueling`: ``W'_j = W_V + W_{A_j} − mean_i W_{A_i}``, the biases
-  alike, ``[AH, 3N]`` instead of ``[AH, 4N]``): the product gives the logits directly, with 3/4
-  of blockdiag's multiply-adds and no dueling pass; the same math to float rounding
-  (differentiated through the fold: the gradients of ``W_V`` and ``W_A`` follow from it);
+  weights first (:func:`pallas_kernels.head_statistics.fold_dueling`, the acting kernel's own
+  fold: ``W'_j = W_V + W_{A_j} − mean_i W_{A_i}``, the biases alike, ``[AH, 3N]`` instead of
+  ``[AH, 4N]``): the product gives the logits directly, with 3/4 of blockdiag's multiply-adds
+  and no dueling pass; the same math to float rounding (differentiated through the fold: the
+  gradients of ``W_V`` and ``W_A`` follow from it);
 - ``pallas`` / ``interpret``: the Triton kernels of :func:`pallas_kernels.heads.dueling_heads`,
   each branch's product alone with the dueling combination in its epilogue (bf16 operands
   when traced under ``kernels.matmul=bf16``).
@@ -29,9 +30,10 @@ from jax import Array
 
 from jaxdqn.branches import NUM_ACTIONS
 from jaxdqn.model.dense import affine, default_precision
+from pallas_kernels.head_statistics import fold_dueling
 from pallas_kernels.heads import dueling_heads
 
-__all__ = ["HEADS", "branch_heads", "dueling", "fold_dueling"]
+__all__ = ["HEADS", "branch_heads", "dueling"]
 
 HEADS = ("blockdiag", "split", "folded", "pallas", "interpret")
 """The resolved ``kernels.heads`` settings."""
@@ -41,19 +43,6 @@ def dueling(v: Array, adv: Array) -> Array:
     """M6: logits ``V[..., None, :] + A − mean_actions A`` from ``v [..., N]`` and
     ``adv [..., 3, N]`` → ``[..., 3, N]``."""
     return v[..., None, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
-
-
-def fold_dueling(w: Array, bias: Array) -> tuple[Array, Array]:
-    """One branch's ``w = [W_V | W_A]`` ``[AH, 4N]`` and ``bias`` ``[4N]`` → ``[AH, 3N]``,
-    ``[3N]`` whose action-j columns are ``V + A_j − mean_i A_i`` of the columns (of the biases),
-    so that ``a w' + b'`` are the branch's logits (M6 is linear in the head outputs)."""
-    n = w.shape[-1] // (1 + NUM_ACTIONS)
-
-    def fold(x: Array) -> Array:
-        v, adv = x[..., :n], x[..., n:].reshape(*x.shape[:-1], NUM_ACTIONS, n)
-        return dueling(v, adv).reshape(*x.shape[:-1], NUM_ACTIONS * n)
-
-    return fold(w), fold(bias)
 
 
 def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Array:
@@ -69,9 +58,9 @@ def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Arra
             a, jnp.stack(w), jnp.stack(bias), actions=NUM_ACTIONS, backend=impl, bf16=bf16
         )
     if impl == "folded":
-        wf, bf = zip(*(fold_dueling(wk, bk) for wk, bk in zip(w, bias, strict=True)), strict=True)
+        wf, bf = fold_dueling(jnp.stack(w), jnp.stack(bias), NUM_ACTIONS, pad=False)
         w_all = wf[0] if m == 1 else jax.scipy.linalg.block_diag(*wf)
-        return affine(a, w_all, jnp.concatenate(bf)).reshape(b, m, NUM_ACTIONS, n)
+        return affine(a, w_all, bf.reshape(-1)).reshape(b, m, NUM_ACTIONS, n)
     if impl == "split":
         parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k]) for k in range(m)]
         out = jnp.stack(parts, axis=1)
