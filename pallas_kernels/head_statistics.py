@@ -43,13 +43,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
-from pallas_kernels._backend import tile_dot
-from pallas_kernels.heads import _check, _pad_atoms, head_tiles
+from pallas_kernels.heads import _check, _pad_atoms, group_tiles, head_tiles
 from pallas_kernels.statistics import row_statistics
 
 __all__ = [
@@ -92,7 +90,19 @@ class HeadStatistics(NamedTuple):
     quantiles: jax.Array
 
 
-def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **kw):
+def _store_statistics(refs, rows, row_ok, col, v_min, dz, stats):
+    """Write one (branch, action) column's E[Z], Var[Z] and quantiles (``stats`` in atom-index
+    units, :func:`pallas_kernels.statistics.row_statistics`) on each row's support."""
+    mean_ref, var_ref, q_ref = refs
+    mean_i, var_i, positions = stats
+    pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
+    pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
+    for level, pos in enumerate(positions):
+        at = q_ref.at[rows, col * len(positions) + level]
+        pl_triton.store(at, v_min + dz * pos, mask=row_ok)
+
+
+def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, *out_refs, **kw):
     bm, n, actions, levels = kw.pop("bm"), kw["n"], kw["actions"], kw.pop("levels")
     cdf = kw.pop("cdf")
     num_rows = a_ref.shape[0]
@@ -104,54 +114,26 @@ def _kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **k
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
     for j in range(actions):
-        col = branch * actions + j
         # Rows past B load zeros: finite logits, statistics discarded by the store masks.
-        mean_i, var_i, positions = row_statistics(logits[j], lane_ok, levels, cdf)
-        pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
-        pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
-        for level, pos in enumerate(positions):
-            at = q_ref.at[rows, col * len(levels) + level]
-            pl_triton.store(at, v_min + dz * pos, mask=row_ok)
+        stats = row_statistics(logits[j], lane_ok, levels, cdf)
+        _store_statistics(out_refs, rows, row_ok, branch * actions + j, v_min, dz, stats)
 
 
-def _per_action_kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, mean_ref, var_ref, q_ref, **kw):
-    bm, bk, n, num_k, actions = kw["bm"], kw["bk"], kw["n"], kw["num_k"], kw["actions"]
-    levels, cdf, bf16 = kw["levels"], kw["cdf"], kw["bf16"]
+def _per_action_kernel(a_ref, w_ref, b_ref, vmin_ref, dz_ref, *out_refs, **kw):
+    bm, n, actions = kw.pop("bm"), kw["n"], kw.pop("actions")
+    levels, cdf = kw.pop("levels"), kw.pop("cdf")
     num_rows = a_ref.shape[0]
     action, pid_r, branch = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     rows = pid_r * bm + jnp.arange(bm, dtype=jnp.int32)
     row_ok = rows < num_rows
-    atoms = jnp.arange(_pad_atoms(n), dtype=jnp.int32)
-    cols = action * _pad_atoms(n) + atoms
-
-    def body(step, acc):
-        ks = step * bk + jnp.arange(bk, dtype=jnp.int32)
-        k_ok = ks < num_k
-        x = pl_triton.load(
-            a_ref.at[rows[:, None], (branch * num_k + ks)[None, :]],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        # Folded columns are zero past N in memory: the load masks only K.
-        wt = pl_triton.load(
-            w_ref.at[branch, ks[:, None], cols[None, :]],
-            mask=jnp.broadcast_to(k_ok[:, None], (bk, atoms.shape[0])),
-            other=0.0,
-        )
-        return acc + tile_dot(x, wt, ((1,), (0,)), bf16)
-
-    zeros = jnp.zeros((bm, _pad_atoms(n)), jnp.float32)
-    acc = lax.fori_loop(0, pl.cdiv(num_k, bk), body, zeros)
-    logits = acc + pl_triton.load(b_ref.at[branch, cols])[None, :]
-    lane_ok = (atoms < n)[None, :]
+    # Folded columns are zero past N in memory (aligned): the loads mask only K.
+    start = action * _pad_atoms(n)
+    (logits,) = group_tiles(a_ref, w_ref, b_ref, rows, row_ok, branch, [start], aligned=True, **kw)
+    lane_ok = (jnp.arange(_pad_atoms(n), dtype=jnp.int32) < n)[None, :]
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
-    mean_i, var_i, positions = row_statistics(logits, lane_ok, levels, cdf)
-    col = branch * actions + action
-    pl_triton.store(mean_ref.at[rows, col], v_min + dz * mean_i, mask=row_ok)
-    pl_triton.store(var_ref.at[rows, col], dz * dz * var_i, mask=row_ok)
-    for level, pos in enumerate(positions):
-        pl_triton.store(q_ref.at[rows, col * len(levels) + level], v_min + dz * pos, mask=row_ok)
+    stats = row_statistics(logits, lane_ok, levels, cdf)
+    _store_statistics(out_refs, rows, row_ok, branch * actions + action, v_min, dz, stats)
 
 
 def head_statistics_pallas(

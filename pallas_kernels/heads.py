@@ -161,20 +161,15 @@ def _load_cotangent(g_ref, rows, row_ok, branch, atoms, n, actions):
     return [total] + [gj - total * (1.0 / actions) for gj in gs]
 
 
-def head_tiles(
-    a_ref, w_ref, b_ref, rows, row_ok, branch, *, bk, n, num_k, actions, bf16, aligned=False
+def group_tiles(
+    a_ref, w_ref, b_ref, rows, row_ok, branch, starts, *, bk, n, num_k, bf16, aligned=False
 ):
-    """The dueling logits of one branch for a tile of rows: ``A`` tiles ``[bm, NP]``
-    (``v + A_j − mean_i A_i``, padded atoms hold garbage), from ``[bm, bk] × [bk, NP]``
-    products over K for each of the 1 + A column groups plus their biases. Shared by the
-    forward kernel here and the acting kernel of :mod:`pallas_kernels.head_statistics`.
-
-    ``aligned``: ``w``/``b`` hold each column group padded to NP atoms with zeros (``[m, K,
-    (1+A)·NP]``), so group ``s`` starts at column ``s·NP`` (16-float aligned) and its tiles load
-    without an atom mask; otherwise groups are packed at ``s·N``."""
+    """One branch's ``[bm, bk] × [bk, NP]`` products over K plus bias for a tile of rows, one
+    ``[bm, NP]`` tile per column group of ``w``/``b`` starting at ``starts`` (ints or traced
+    scalars; padded atoms hold garbage). ``aligned``: the groups are zero past N in memory, so
+    their loads mask only K; otherwise the atoms past N are masked too."""
     atoms = jnp.arange(_pad_atoms(n), dtype=jnp.int32)
     atom_ok = atoms < n
-    stride = _pad_atoms(n) if aligned else n
 
     def body(step, accs):
         ks = step * bk + jnp.arange(bk, dtype=jnp.int32)
@@ -184,29 +179,45 @@ def head_tiles(
             mask=row_ok[:, None] & k_ok[None, :],
             other=0.0,
         )
-        # Aligned groups are zero past N in memory: their loads mask only K.
         w_ok = jnp.broadcast_to(k_ok[:, None], (bk, atoms.shape[0]))
         if not aligned:
             w_ok = w_ok & atom_ok[None, :]
         new = []
-        for s in range(actions + 1):
+        for start, acc in zip(starts, accs, strict=True):
             wt = pl_triton.load(
-                w_ref.at[branch, ks[:, None], (s * stride + atoms)[None, :]], mask=w_ok, other=0.0
+                w_ref.at[branch, ks[:, None], (start + atoms)[None, :]], mask=w_ok, other=0.0
             )
-            new.append(accs[s] + tile_dot(x, wt, ((1,), (0,)), bf16))
+            new.append(acc + tile_dot(x, wt, ((1,), (0,)), bf16))
         return tuple(new)
 
     zeros = jnp.zeros((rows.shape[0], _pad_atoms(n)), jnp.float32)
-    accs = lax.fori_loop(0, pl.cdiv(num_k, bk), body, (zeros,) * (actions + 1))
-    outs = [
-        accs[s]
+    accs = lax.fori_loop(0, pl.cdiv(num_k, bk), body, (zeros,) * len(starts))
+    return [
+        acc
         + pl_triton.load(
-            b_ref.at[branch, s * stride + atoms],
+            b_ref.at[branch, start + atoms],
             mask=None if aligned else atom_ok,
             other=None if aligned else 0.0,
         )[None, :]
-        for s in range(actions + 1)
+        for start, acc in zip(starts, accs, strict=True)
     ]
+
+
+def head_tiles(
+    a_ref, w_ref, b_ref, rows, row_ok, branch, *, bk, n, num_k, actions, bf16, aligned=False
+):
+    """The dueling logits of one branch for a tile of rows: ``A`` tiles ``[bm, NP]``
+    (``v + A_j − mean_i A_i``, padded atoms hold garbage), from the 1 + A column groups'
+    :func:`group_tiles`. Shared by the forward kernel here and the acting kernel of
+    :mod:`pallas_kernels.head_statistics`.
+
+    ``aligned``: ``w``/``b`` hold each column group padded to NP atoms with zeros (``[m, K,
+    (1+A)·NP]``), so group ``s`` starts at column ``s·NP`` (16-float aligned) and its tiles load
+    without an atom mask; otherwise groups are packed at ``s·N``."""
+    stride = _pad_atoms(n) if aligned else n
+    starts = [s * stride for s in range(actions + 1)]
+    kw = dict(bk=bk, n=n, num_k=num_k, bf16=bf16, aligned=aligned)
+    outs = group_tiles(a_ref, w_ref, b_ref, rows, row_ok, branch, starts, **kw)
     mean = functools.reduce(jnp.add, outs[1:]) * (1.0 / actions)
     return [outs[0] + outs[j + 1] - mean for j in range(actions)]
 
