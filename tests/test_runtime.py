@@ -106,6 +106,22 @@ def test_configure_sets_flags_and_cache_folder_in_the_given_environment(tmp_path
     assert "--xla_cpu_experimental_ynn_fusion_type=" in env["XLA_FLAGS"].split()
 
 
+def test_configure_raises_the_collectors_thresholds():
+    """Tracing's millions of short-lived objects would run CPython's collector every 700
+    allocations (runtime's docstring: a quarter of the tracing time); configure sets
+    GC_THRESHOLDS, also when the cache and the flags are off."""
+    import gc
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        runtime.configure(None, cache=False, xla_flags=False, environ={})
+        assert gc.get_threshold() == runtime.GC_THRESHOLDS
+        assert runtime.GC_THRESHOLDS[0] >= 10 * 700
+    finally:
+        gc.set_threshold(*before)
+
+
 def _smoke_cmd(*args):
     """One short smoke training with every component off: these tests are about the cache
     folder, and the small program compiles in a fraction of the full one's time."""

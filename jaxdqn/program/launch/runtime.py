@@ -1,4 +1,5 @@
-"""Process-wide JAX setup of the programs: the persistent compilation cache and jaxdqn's XLA flags.
+"""Process-wide JAX setup of the programs: the persistent compilation cache, jaxdqn's XLA flags
+and the garbage collector's thresholds.
 
 Both must be in place before JAX compiles anything (XLA reads ``XLA_FLAGS`` once, when the
 first backend starts), so the entry points call :func:`configure` right after parsing their
@@ -30,6 +31,16 @@ fusions off: 276 ms, only the elementwise/reduce fusions off: 303 ms. The flag o
 CPU backend's kernels (the GPU machine's jaxlib accepts it), so CPU float results differ from a
 run without it by rounding.
 
+**Garbage collector** (:data:`GC_THRESHOLDS`). Tracing and lowering a program allocate millions
+of short-lived Python objects; at CPython's default thresholds (700, 10, 10) the cyclic
+collector then runs a young pass every 700 allocations and a full pass over every live object
+(JAX's, numpy's, the program's) every 100 of them: 25 % of the tracing time of the smoke
+training's iteration (``perf``: ``gc_collect_main`` and its visitors 8.5 % of the whole process,
+a quarter of its Python time). At (10,000, 50, 100) the iteration traces in 2.0 s instead of
+2.4 and lowers in 0.63 s instead of 0.85 (medians of 3 processes), and a warm-cache smoke
+training takes 14.1 s instead of 16.2 (medians of 3; 2-core EPYC, jax 0.10.2, 2026-12-06).
+Only the timing of collections changes, never a result; cyclic garbage lives a little longer.
+
 Both sets are appended to ``XLA_FLAGS`` (:data:`XLA_FLAGS`); a flag the user already set there
 keeps the user's value; ``--no-xla-flags`` adds none. Each backend accepts and ignores the
 other's flags; an unknown flag would abort the process, which a test checks against the
@@ -39,6 +50,7 @@ installed jaxlib.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -47,6 +59,7 @@ from jaxdqn.config import ConfigError
 
 __all__ = [
     "CPU_XLA_FLAGS",
+    "GC_THRESHOLDS",
     "GPU_XLA_FLAGS",
     "MIN_COMPILE_SECONDS",
     "XLA_FLAGS",
@@ -67,6 +80,7 @@ GPU_XLA_FLAGS: tuple[str, ...] = (
 CPU_XLA_FLAGS: tuple[str, ...] = ("--xla_cpu_experimental_ynn_fusion_type=",)
 XLA_FLAGS: tuple[str, ...] = GPU_XLA_FLAGS + CPU_XLA_FLAGS
 MIN_COMPILE_SECONDS = 0.0
+GC_THRESHOLDS: tuple[int, int, int] = (10_000, 50, 100)
 
 
 def default_cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
@@ -127,9 +141,11 @@ def configure(
     xla_flags: bool = True,
     environ: MutableMapping[str, str] | None = None,
 ) -> Path | None:
-    """Set up the compilation cache and jaxdqn's XLA flags; returns the cache folder (None when
-    off). Call before the first JAX computation of the process."""
+    """Set up the compilation cache, jaxdqn's XLA flags and the collector's thresholds
+    (:data:`GC_THRESHOLDS`); returns the cache folder (None when off). Call before the first JAX
+    computation of the process."""
     env = os.environ if environ is None else environ
+    gc.set_threshold(*GC_THRESHOLDS)
     if xla_flags:
         env["XLA_FLAGS"] = merge_xla_flags(env.get("XLA_FLAGS", ""))
     if not cache:
