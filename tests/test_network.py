@@ -12,6 +12,7 @@ import re
 
 import chex
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -830,3 +831,67 @@ def test_m3_fused_offset_table_places_every_path_once_and_restores_the_branch_or
     assert FUSED_ORDER[-1] == "branch_magnitude"  # M5 conditions it on the others' pass
     assert FROM_FUSED == (0, 3, 1, 2)
     assert tuple(FUSED_ORDER[i] for i in FROM_FUSED) == N.BRANCH_KEYS
+
+
+def _highest_dots(jaxpr) -> int:
+    """dot_generals at Precision.HIGHEST (dense.batch_sum's ones-products) in a jaxpr and the
+    jaxprs inside it."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        p = eqn.params.get("precision")
+        if eqn.primitive.name == "dot_general" and p and jax.lax.Precision.HIGHEST in tuple(p):
+            n += 1
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            n += _highest_dots(sub)
+    return n
+
+
+def test_kernels_bias_grad_picks_the_layers_whose_bias_gradient_is_a_ones_gemm():
+    """kernels.bias_grad (dense.py): gemm = every layer's bias gradient is 1ᵀ dy, narrow = only
+    layers under WIDE outputs, sum = none; every choice gives flax's gradients to float
+    rounding. The accelerator formulation is traced here on the CPU directly."""
+    from jaxdqn.model import dense
+
+    assert [dense.gemm_bias_gradient(f, "gemm") for f in (1, 127, 128, 2048)] == [True] * 4
+    assert [dense.gemm_bias_gradient(f, "narrow") for f in (1, 127, 128, 2048)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert not any(dense.gemm_bias_gradient(f, "sum") for f in (1, 127, 128, 2048))
+    key = jax.random.PRNGKey(0)
+    x = jax.random.normal(key, (33, 10))
+    ws = [0.3 * jax.random.normal(jax.random.fold_in(key, f), (10, f)) for f in (12, 256)]
+    bs = [jnp.linspace(-1.0, 1.0, f) for f in (12, 256)]
+
+    def loss(ws, bs, formulation):
+        y = [formulation(x, w, b) for w, b in zip(ws, bs, strict=True)]
+        return jnp.sum(jnp.sin(y[0])) + jnp.sum(jnp.cos(y[1]) * jnp.arange(256.0))
+
+    ref = jax.grad(loss, argnums=(0, 1))(ws, bs, dense._plain)
+    for mode, expected in (("gemm", 2), ("narrow", 1), ("sum", 0)):
+
+        def accelerator(x, w, b, mode=mode):
+            return dense._accelerator_affine(x, w, b, mode)
+
+        graph = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+        assert _highest_dots(graph(ws, bs, accelerator).jaxpr) == expected, mode
+        got = jax.grad(loss, argnums=(0, 1))(ws, bs, accelerator)
+        chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-4)
+    # The context sets what affine reads; the CPU keeps flax's form whatever it says.
+    with dense.bias_gradients("narrow"):
+        assert dense._BIAS_GRAD.get() == "narrow"
+        with dense.products("f32", "sum"):
+            assert dense._BIAS_GRAD.get() == "sum"
+        assert dense._BIAS_GRAD.get() == "narrow"
+        cpu = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+        assert _highest_dots(cpu(ws, bs, dense.affine).jaxpr) == 0
+    assert dense._BIAS_GRAD.get() == "gemm"
+    with (
+        pytest.raises(ValueError, match=r"kernels\.bias_grad: 'wide'"),
+        dense.bias_gradients("wide"),
+    ):
+        pass
+    with pytest.raises(ValueError, match=r"kernels\.bias_grad"):
+        N.make_model(CFG, OBS_DIM, bias_grad="wide")

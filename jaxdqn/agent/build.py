@@ -124,6 +124,7 @@ def build_agent(
         acting=r.acting,
         shards=shards,
         matmul=cfg.kernels.matmul,
+        bias_grad=cfg.kernels.bias_grad,
     )
     oc = cfg.optim
     pieces = learner.Pieces(

@@ -286,3 +286,13 @@ class KernelsConfig:
         "reference",
         choices=("f32", "bf16"),
     )
+    bias_grad: str = _f(
+        "gemm",
+        "which Dense layers take their bias gradient as a matrix product with a block of ones "
+        "(1^T dy) on accelerators: gemm = every layer, narrow = layers of fewer than 128 "
+        "outputs (the wider ones by autodiff's column sum: XLA merges the ones-products of "
+        "wide layers into one over their concatenated cotangents, a large copy), sum = none "
+        "(autodiff's column sums everywhere). Equal to float rounding; the CPU always uses "
+        "flax's form (autodiff's sums), whatever the setting. gemm is the reference",
+        choices=("gemm", "narrow", "sum"),
+    )

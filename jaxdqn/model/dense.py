@@ -13,6 +13,17 @@ took 95 µs in one kernel (bench/RESULTS.md, issue 12). As a matrix product ``1�
 ones, so that neither operand is a vector and XLA keeps it a GEMM) the cotangent is computed by
 its own full-grid fusion and the sum runs on the tensor cores' GEMM path.
 
+**Which layers** (``kernels.bias_grad``, :func:`bias_gradients`): ``"gemm"`` (the default) takes
+every layer's bias gradient as ``1ᵀ dy``; ``"narrow"`` only layers of fewer than :data:`WIDE`
+outputs, the wider ones by autodiff's column sum; ``"sum"`` none (autodiff's sums everywhere,
+the formulation before the GEMM). Why a choice: the GEMMs of one backward pass share their
+block of ones, and XLA's dot merger (``--xla_gpu_dot_merger_threshold_mb``) makes several of
+them one product over the *concatenated* cotangents; in the all-off learner update that
+concatenation wrote ``f32[4,096, 3,632]`` (59.5 MB, the 2,048-, 816-, 512- and 256-wide
+layers), the largest XLA kernel of the update (43–59 µs on an H100; bench/RESULTS.md,
+fourteenth session). ``narrow`` keeps the GEMM where the column sum's grid is narrow and
+leaves the wide cotangents nothing to share. The numbers differ by float rounding only.
+
 On the CPU the layer is exactly ``flax.linen.Dense`` (the same parameters, the same ops, so the
 same numbers bit for bit); :func:`affine` picks the formulation per platform when it is
 traced. Parameters (``kernel [K, F]`` lecun-normal, ``bias [F]``
@@ -32,6 +43,7 @@ batch sums of :func:`batch_sum` keep ``Precision.HIGHEST``. The CPU backend igno
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -40,10 +52,27 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["MATMUL", "Dense", "affine", "batch_sum", "default_precision", "matmul_precision"]
+__all__ = [
+    "BIAS_GRADS",
+    "MATMUL",
+    "WIDE",
+    "Dense",
+    "affine",
+    "batch_sum",
+    "bias_gradients",
+    "default_precision",
+    "gemm_bias_gradient",
+    "matmul_precision",
+    "products",
+]
 
 _ONES_ROWS = 8
 MATMUL = {"f32": None, "bf16": "BF16_BF16_F32"}
+BIAS_GRADS = ("gemm", "narrow", "sum")
+WIDE = 128
+# The kernels.bias_grad in effect where a layer is traced (bias_gradients); like JAX's own
+# default_matmul_precision, a scoped setting read at trace time, never a value of a program.
+_BIAS_GRAD: contextvars.ContextVar[str] = contextvars.ContextVar("bias_grad", default="gemm")
 
 
 def matmul_precision(matmul: str) -> contextlib.AbstractContextManager:
@@ -57,6 +86,38 @@ def matmul_precision(matmul: str) -> contextlib.AbstractContextManager:
         raise ValueError(f"kernels.matmul: {matmul!r} is not one of {sorted(MATMUL)}")
     preset = MATMUL[matmul]
     return contextlib.nullcontext() if preset is None else jax.default_matmul_precision(preset)
+
+
+@contextlib.contextmanager
+def bias_gradients(bias_grad: str):
+    """The context to trace a model in for ``kernels.bias_grad`` (:data:`BIAS_GRADS`): which
+    layers :func:`affine` gives the ``1ᵀ dy`` bias gradient on accelerators.
+
+    Raises:
+      ValueError: ``bias_grad`` not in :data:`BIAS_GRADS`.
+    """
+    if bias_grad not in BIAS_GRADS:
+        raise ValueError(f"kernels.bias_grad: {bias_grad!r} is not one of {list(BIAS_GRADS)}")
+    token = _BIAS_GRAD.set(bias_grad)
+    try:
+        yield
+    finally:
+        _BIAS_GRAD.reset(token)
+
+
+@contextlib.contextmanager
+def products(matmul: str, bias_grad: str = "gemm"):
+    """:func:`matmul_precision` and :func:`bias_gradients` together: the context the model's
+    functions are traced in."""
+    with matmul_precision(matmul), bias_gradients(bias_grad):
+        yield
+
+
+def gemm_bias_gradient(features: int, bias_grad: str) -> bool:
+    """Whether a layer of ``features`` outputs takes its bias gradient as ``1ᵀ dy`` on an
+    accelerator under ``kernels.bias_grad = bias_grad``: always for ``gemm``, below
+    :data:`WIDE` outputs for ``narrow``, never for ``sum``."""
+    return bias_grad == "gemm" or (bias_grad == "narrow" and features < WIDE)
 
 
 def batch_sum(dy: jax.Array) -> jax.Array:
@@ -106,13 +167,24 @@ def default_precision() -> Any:
 
 def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     """``x @ kernel + bias`` over the last axis; on accelerators its bias gradient is
-    :func:`batch_sum` (a GEMM), on the CPU it is exactly ``flax.linen.Dense``'s.
+    :func:`batch_sum` (a GEMM) where :func:`gemm_bias_gradient` says so for the
+    ``kernels.bias_grad`` in effect (:func:`bias_gradients`), on the CPU it is exactly
+    ``flax.linen.Dense``'s.
 
     The formulation is chosen when the function is traced, from the platform it will run on
     (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else."""
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
-    return _gemm_bias(x, kernel, bias, default_precision())
+    return _accelerator_affine(x, kernel, bias, _BIAS_GRAD.get())
+
+
+def _accelerator_affine(x, kernel, bias, bias_grad: str) -> jax.Array:
+    # The products take the precision in effect explicitly, so that both formulations' backward
+    # products keep it (the custom VJP's backward is traced outside the precision's context).
+    precision = default_precision()
+    if gemm_bias_gradient(kernel.shape[-1], bias_grad):
+        return _gemm_bias(x, kernel, bias, precision)
+    return _plain(x, kernel, bias, precision)
 
 
 def linear(x: jax.Array, kernel: jax.Array) -> jax.Array:

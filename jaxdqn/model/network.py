@@ -31,7 +31,8 @@ writing the logits. Every Dense layer is :class:`jaxdqn.model.dense.Dense` (``nn
 GEMM bias gradient on accelerators).
 
 ``matmul`` (``kernels.matmul``, f32 | bf16) is the operand precision of the products of the
-network, M12 and M8–M11 (:func:`jaxdqn.model.dense.matmul_precision`).
+network, M12 and M8–M11, and ``bias_grad`` (``kernels.bias_grad``) which of their layers take
+the GEMM bias gradient (:func:`jaxdqn.model.dense.products`).
 
 Parameters are one pytree with three top-level groups:
 
@@ -61,7 +62,7 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
-from jaxdqn.model.dense import Dense, matmul_precision
+from jaxdqn.model.dense import BIAS_GRADS, Dense, matmul_precision, products
 from jaxdqn.model.fused_branches import ACTING, acting_kernels_available, fused_branches
 from jaxdqn.model.heads import HEADS, dueling
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
@@ -296,6 +297,7 @@ def make_model(
     acting: str = "reference",
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
+    bias_grad: str = "gemm",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -309,8 +311,11 @@ def make_model(
     :mod:`jaxdqn.model.fused_branches`; ``pallas`` where its kernel cannot be built is
     ``reference``, with one warning); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
-    ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16)."""
+    ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16);
+    ``bias_grad``: which layers take the GEMM bias gradient (``kernels.bias_grad``)."""
     matmul_precision(matmul)  # an unknown value fails here, not at the first trace
+    if bias_grad not in BIAS_GRADS:
+        raise ValueError(f"kernels.bias_grad: {bias_grad!r} is not one of {list(BIAS_GRADS)}")
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
     if statistics not in distribution.STATISTICS:
@@ -345,7 +350,7 @@ def make_model(
     def apply(
         params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
     ) -> NetworkOutput:
-        with matmul_precision(matmul):
+        with products(matmul, bias_grad):
             return _apply(params, obs, v_min, delta_z)
 
     def _inputs(obs: Array, v_min: Array | float, delta_z: Array | float):
@@ -385,14 +390,14 @@ def make_model(
         if act_net is None:  # the statistics of the full pass (XLA drops the rest)
             out = apply(params, obs, v_min, delta_z)
             return ActingOutput(out.q_mean, out.q_var, out.quantiles, out.selectivity)
-        with matmul_precision(matmul):
+        with products(matmul, bias_grad):
             v_min, delta_z = _inputs(obs, v_min, delta_z)
             stats, h, _ = act_net.apply({"params": params["main"]}, obs, v_min, delta_z)
             return ActingOutput(*stats, _selectivity(params, h, obs))
 
     def coordinate(params: Params, q: Array) -> Coordinated:
         aux = params["aux"]
-        with matmul_precision(matmul):
+        with products(matmul, bias_grad):
             return coord.apply({k: aux[k] for k in _COORD_KEYS if k in aux}, q)
 
     return Model(
