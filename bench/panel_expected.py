@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.panel_learning import instrument_phis, test_decisions  # noqa: E402
+from bench.panel_runs import instrument_phis, test_decisions  # noqa: E402
 from jaxdqn.evaluation.metrics import sharpe_se  # noqa: E402
 from jaxdqn.market.panel import instrument_settings  # noqa: E402
 

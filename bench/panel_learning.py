@@ -36,20 +36,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.panel_runs import instrument_phis, test_decisions  # noqa: E402
 from jaxdqn.evaluation.metrics import sharpe_se  # noqa: E402
 
 CASES = {
     "P": ("configs/panel_synthetic.yaml", 0.80, 0.50),
     "Q": ("configs/panel_synthetic_gpu.yaml", 0.95, 0.80),
 }
-
-
-def test_decisions(log: Path) -> dict[str, int]:
-    """Each instrument's decisions in an evaluation log (``eval_test.csv``: seed 0's rows)."""
-    import pandas as pd
-
-    frame = pd.read_csv(log, usecols=["seed", "instrument"])
-    return frame[frame.seed == 0].groupby("instrument").size().to_dict()
 
 
 def _test_bars(run: Path, config_path: str) -> dict[str, int]:
@@ -63,15 +56,6 @@ def _test_bars(run: Path, config_path: str) -> dict[str, int]:
     p = market.prepare(config.load(saved if saved.exists() else ROOT / config_path))
     r = p.ranges("test", walk=True)
     return {n: int(hi - lo - 1) for n, (lo, hi) in zip(p.names, r, strict=True)}
-
-
-def instrument_phis(config_file: Path) -> dict[str, float]:
-    """Each synthetic instrument's planted AR(1) coefficient in ``config_file``."""
-    from jaxdqn import config
-    from jaxdqn.market.panel import instrument_settings
-
-    syn = config.load(config_file).data.synthetic
-    return {inst.name: instrument_settings(syn, i).phi for i, inst in enumerate(syn.panel)}
 
 
 def _phis(run: Path, config_path: str) -> dict[str, float]:
