@@ -846,7 +846,7 @@ def _highest_dots(jaxpr) -> int:
     return n
 
 
-def test_kernels_bias_grad_picks_the_layers_whose_bias_gradient_is_a_ones_gemm():
+def test_m1_kernels_bias_grad_picks_the_layers_whose_bias_gradient_is_a_ones_gemm():
     """kernels.bias_grad (dense.py): gemm = every layer's bias gradient is 1ᵀ dy, narrow = only
     layers under WIDE outputs, sum = none; every choice gives flax's gradients to float
     rounding. The accelerator formulation is traced here on the CPU directly."""
