@@ -24,8 +24,10 @@ is a matrix product in jaxdqn. The products, read from the code:
 - **M13 xLSTM** (:mod:`jaxdqn.model.xlstm`, L6 with M13): one step on a 12-vector per update,
   independent of B (a few hundred FLOPs): six input layers, ``C q`` and ``n·q``, backward.
 - **bias gradients on accelerators** (``bias_gemm``): :func:`jaxdqn.model.dense.batch_sum`
-  computes every online layer's bias gradient as ``ones[8, B] @ dy [B, F]`` (the CPU program
-  has none of these).
+  computes an online layer's bias gradient as ``ones[8, B] @ dy [B, F]`` where
+  ``kernels.bias_grad`` says so (:func:`jaxdqn.model.dense.gemm_bias_gradient`: every layer
+  with ``gemm``, those under 128 outputs with ``narrow``, none with ``sum``; the CPU program has
+  none of these).
 
 The branches, as the program runs them: ``kernels.fused`` (the accelerators' default) computes
 one value/gate product ``[SH2, 8·AH]`` and one **block-diagonal** head product
@@ -64,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 
 from jaxdqn import config  # noqa: E402
 from jaxdqn.branches import NUM_ACTIONS, NUM_BRANCHES, NUM_Q  # noqa: E402
+from jaxdqn.model.dense import gemm_bias_gradient  # noqa: E402
 
 __all__ = [
     "Layer",
@@ -258,7 +261,8 @@ def update_products(
     rows) on observations of width ``obs_dim``: ``fused`` = ``kernels.fused`` resolved (True on
     accelerators by default), ``block_diagonal``: count the fused head product as executed
     (False: as its ``m`` branches' own products), ``bias_gemm``: add the accelerators'
-    bias-gradient GEMMs, ``heads``: ``kernels.heads`` resolved (:func:`network_layers`)."""
+    bias-gradient GEMMs (of the layers ``cfg.kernels.bias_grad`` gives one), ``heads``:
+    ``kernels.heads`` resolved (:func:`network_layers`)."""
     model, loss = cfg.model, cfg.loss
     net = network_layers(model, obs_dim, fused=fused, heads=heads)
     needs_target_q_s = loss.aux_training and model.denoiser  # losses.make_loss
@@ -273,7 +277,7 @@ def update_products(
         out += [
             Product("bias gradients", layer.name, "bias", _ONES_ROWS, batch, layer.n)
             for layer in online
-            if layer.bias
+            if layer.bias and gemm_bias_gradient(layer.n, cfg.kernels.bias_grad)
         ]
     return out
 

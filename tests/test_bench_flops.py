@@ -19,6 +19,7 @@ from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import build_agent, make_init  # noqa: E402
 from jaxdqn.market import market as market_setup  # noqa: E402
 from jaxdqn.model import network  # noqa: E402
+from jaxdqn.model.dense import gemm_bias_gradient  # noqa: E402
 
 CONFIGS = ROOT / "configs"
 
@@ -184,14 +185,19 @@ def test_analytic_count_equals_the_dot_generals_of_the_updates_jaxpr(components,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("components", ["off", "on"])
-def test_accelerator_formulation_adds_the_bias_gemms(components, monkeypatch):
+@pytest.mark.parametrize(
+    ("components", "bias_grad"), [("off", "gemm"), ("on", "gemm"), ("on", "narrow")]
+)
+def test_accelerator_formulation_adds_the_bias_gemms(components, bias_grad, monkeypatch):
     """The accelerators' Dense (custom VJP, bias gradient as a GEMM) traced on the CPU with only
     ``jax.default_backend`` faked: its jaxpr holds the analytic count with ``bias_gemm`` plus
     the dx of the layers whose input has no gradient, which the custom VJP's backward computes
-    and XLA drops as dead code (the first layer, M9's query/key/value)."""
+    and XLA drops as dead code (the first layer, M9's query/key/value) — with
+    ``kernels.bias_grad=narrow`` only for the layers under 128 outputs, the rest autodiff's."""
     extra = config.ALL_OFF if components == "off" else config.ALL_ON
-    cfg = smoke([*extra, "kernels.fused=fused", "kernels.kan=reference"])
+    cfg = smoke(
+        [*extra, "kernels.fused=fused", "kernels.kan=reference", f"kernels.bias_grad={bias_grad}"]
+    )
     prepared = market_setup.prepare(cfg)
     agent = build_agent(cfg, prepared)
     state = make_init(agent)(prepared.market, jax.random.PRNGKey(0))
@@ -200,8 +206,11 @@ def test_accelerator_formulation_adds_the_bias_gemms(components, monkeypatch):
     layers = flops.network_layers(cfg.model, D) + (
         flops.coordination_layers(cfg.model) if cfg.loss.aux_training else []
     )
-    dead_dx = sum(2 * B * layer.k * layer.n for layer in layers if layer.bias and not layer.grad_in)
+    custom = [layer for layer in layers if layer.bias and gemm_bias_gradient(layer.n, bias_grad)]
+    dead_dx = sum(2 * B * layer.k * layer.n for layer in custom if not layer.grad_in)
     assert flops.executed_flops(cfg, B, D, bias_gemm=True) + dead_dx == counted
+    if bias_grad == "narrow":  # a wide and a narrow layer took each form
+        assert any(layer.n >= 128 for layer in layers if layer.bias) and custom
 
 
 def test_jaxpr_count_multiplies_a_scan_body_by_its_length():
