@@ -88,28 +88,37 @@ def matmul_precision(matmul: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if preset is None else jax.default_matmul_precision(preset)
 
 
-@contextlib.contextmanager
-def bias_gradients(bias_grad: str):
+def bias_gradients(bias_grad: str) -> contextlib.AbstractContextManager:
     """The context to trace a model in for ``kernels.bias_grad`` (:data:`BIAS_GRADS`): which
-    layers :func:`affine` gives the ``1ᵀ dy`` bias gradient on accelerators.
+    layers :func:`affine` gives the ``1ᵀ dy`` bias gradient on accelerators. Like
+    :func:`matmul_precision`, an unknown value fails when the context is made, not entered.
 
     Raises:
       ValueError: ``bias_grad`` not in :data:`BIAS_GRADS`.
     """
     if bias_grad not in BIAS_GRADS:
         raise ValueError(f"kernels.bias_grad: {bias_grad!r} is not one of {list(BIAS_GRADS)}")
-    token = _BIAS_GRAD.set(bias_grad)
-    try:
-        yield
-    finally:
-        _BIAS_GRAD.reset(token)
+    return _scoped(_BIAS_GRAD, bias_grad)
 
 
 @contextlib.contextmanager
-def products(matmul: str, bias_grad: str = "gemm"):
+def _scoped(var: contextvars.ContextVar, value):
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def products(matmul: str, bias_grad: str = "gemm") -> contextlib.AbstractContextManager:
     """:func:`matmul_precision` and :func:`bias_gradients` together: the context the model's
-    functions are traced in."""
-    with matmul_precision(matmul), bias_gradients(bias_grad):
+    functions are traced in (an unknown value of either fails here)."""
+    return _both(matmul_precision(matmul), bias_gradients(bias_grad))
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
         yield
 
 

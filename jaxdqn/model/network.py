@@ -62,7 +62,7 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
-from jaxdqn.model.dense import BIAS_GRADS, Dense, matmul_precision, products
+from jaxdqn.model.dense import Dense, products
 from jaxdqn.model.fused_branches import ACTING, acting_kernels_available, fused_branches
 from jaxdqn.model.heads import HEADS, dueling
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
@@ -313,9 +313,7 @@ def make_model(
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16);
     ``bias_grad``: which layers take the GEMM bias gradient (``kernels.bias_grad``)."""
-    matmul_precision(matmul)  # an unknown value fails here, not at the first trace
-    if bias_grad not in BIAS_GRADS:
-        raise ValueError(f"kernels.bias_grad: {bias_grad!r} is not one of {list(BIAS_GRADS)}")
+    products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
     if statistics not in distribution.STATISTICS:
