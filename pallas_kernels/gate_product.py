@@ -152,8 +152,10 @@ def _kernel(*refs, bm, bn, u0, g0, width, kan, bias, rank, lo, hi):
     cols = pl.program_id(1) * bn + jnp.arange(bn, dtype=jnp.int32)
     row_ok, col_ok = rows < u_ref.shape[0], cols < width
     mask = row_ok[:, None] & col_ok[None, :]
+    # A bfloat16 product is widened here, in registers: the sums and the gate run in float32.
     u = pl_triton.load(u_ref.at[rows[:, None], (u0 + cols)[None, :]], mask=mask, other=0.0)
     g = pl_triton.load(g_ref.at[rows[:, None], (g0 + cols)[None, :]], mask=mask, other=0.0)
+    u, g = u.astype(jnp.float32), g.astype(jnp.float32)
     if bias:
         u = u + pl_triton.load(bu_ref.at[cols], mask=col_ok, other=0.0)[None, :]
         g = g + pl_triton.load(bg_ref.at[cols], mask=col_ok, other=0.0)[None, :]
@@ -187,7 +189,9 @@ def gate_product_pallas(
     blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
     interpret=False,
 ):
-    """The kernel on float32 operands (arguments as :func:`gate_product_reference`) → ``[B, F]``.
+    """The kernel (arguments as :func:`gate_product_reference`) → float32 ``[B, F]``. The
+    sources are read as they are when both are float32 or both bfloat16 (a bfloat16 product:
+    half the bytes read, widened in registers), else as float32; everything else is float32.
     Forward only: not differentiable (the model differentiates through its reference)."""
     _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     bm, bn, warps = GateProductBlocks(*blocks)
@@ -206,7 +210,8 @@ def gate_product_pallas(
         hi=float(grid_max),
     )
     f32 = jnp.float32
-    args = [u_src.astype(f32), g_src.astype(f32)]
+    src = jnp.bfloat16 if u_src.dtype == g_src.dtype == jnp.bfloat16 else f32
+    args = [u_src.astype(src), g_src.astype(src)]
     if kan:
         args += [coeffs.T.astype(f32), w_res.astype(f32)]  # [8, F]: contiguous c_k rows
     if u_bias is not None:
@@ -232,11 +237,12 @@ def gate_product_available(
     g0: int = 0,
     bias: bool = False,
     rank: int = 0,
+    dtype=jnp.float32,
 ) -> bool:
     """Whether the Triton kernel builds here for ``F`` columns at the offsets ``u0``, ``g0`` of
-    one source, the gate kind, with or without the biases and with a rank-``rank`` term (0:
-    none) (probed once per process; one warning and False where it cannot,
-    :func:`pallas_kernels._backend`)."""
+    one source of ``dtype`` (float32 or bfloat16), the gate kind, with or without the biases
+    and with a rank-``rank`` term (0: none) (probed once per process; one warning and False
+    where it cannot, :func:`pallas_kernels._backend`)."""
 
     def build():
         rows, cols = 2 * blocks[0] + 3, max(u0, g0) + width  # ragged rows
@@ -247,7 +253,8 @@ def gate_product_available(
         cond = (src[:, :rank], w, w) if rank else None
         kw = dict(u0=u0, g0=g0, width=width, u_bias=b, g_bias=b, cond=cond, blocks=blocks)
         fwd = functools.partial(gate_product_pallas, **kw)
+        src = jnp.asarray(src, dtype)
         jax.block_until_ready(jax.jit(fwd)(src, src, *(gate if kan else (None, None))))
 
-    key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks))
+    key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks), jnp.dtype(dtype).name)
     return _backend.kernel_available(key, build)

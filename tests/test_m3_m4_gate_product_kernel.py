@@ -9,6 +9,7 @@ checked on the CPU too, at configs/gpu.yaml's acting sizes.
 from __future__ import annotations
 
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -105,6 +106,36 @@ def test_m3_m4_gate_product_kernel_equals_float64_numpy(kan, rows, f, offsets, e
     np.testing.assert_allclose(ref / scale, want / scale, atol=2e-6)
 
 
+@pytest.mark.parametrize("extras", ["", "bias_cond"], ids=["bare", "m5"])
+@pytest.mark.parametrize("kan", [True, False], ids=["kan", "sigmoid"])
+def test_m3_m4_gate_product_kernel_widens_a_bfloat16_product_in_registers(kan, extras):
+    """kernels.acting_product=bf16: a bfloat16 product [u | g] is read as it is and widened,
+    so the result is float32 and equals the float64 definition on the widened values (bare,
+    and with the biases and c W_c added in float32) to the float32 tolerance, not to
+    bfloat16's: the only rounding is the product's own. The jnp reference widens alike."""
+    rows, f = 37, 40
+    src, _, coeffs, w_res = _sources(rows, 2 * f + 1, 1, f, seed=11, kan=kan)
+    src16 = jnp.asarray(src, jnp.bfloat16)
+    widened = np.asarray(src16.astype(jnp.float32))
+    assert not np.array_equal(widened, src)  # the rounding is real
+    more = _extras(rows, f, extras, seed=12)
+    kw = dict(g0=f, width=f, **more)
+    want = _by_hand(widened, widened, coeffs, w_res, 0, f, f, **more)
+    got = kernel(src16, src16, coeffs, w_res, **kw, blocks=GateProductBlocks(16, 16, 4))
+    assert got.dtype == np.float32
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got / scale, want / scale, atol=2e-6)
+    from jaxdqn.model.gated import GateSpec, gate_product
+
+    spec = GateSpec(kan, -3.0, 3.0, "reference")
+    args = (src16, src16, slice(0, f), slice(f, 2 * f), coeffs, w_res, spec, "gate")
+    with warnings.catch_warnings():  # the CPU cannot build the kernel: one warning, reference
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = np.asarray(gate_product(*args, **more))
+    assert ref.dtype == np.float32
+    np.testing.assert_allclose(ref / scale, want / scale, atol=2e-6)
+
+
 def test_m4_gate_product_kernel_gate_is_flat_half_at_init():
     """With M4's initial parameters (coefficients ½, residual 0) the gate is exactly ½ for
     any pre-activation, inside or outside the grid: the kernel returns ½ u bit for bit."""
@@ -148,7 +179,7 @@ def test_m3_gate_product_kernel_lowers_to_triton_at_acting_sizes():
     in the fused bias-free product [u | g] of 2,048 columns: the three branches' call (768
     columns, g at 1,024; the kernel adds the biases) and magnitude's under M5 (256 columns at
     768 and 1,792, biases and c W_c with r = 3); and two sources without either; with the KAN
-    gate and the sigmoid."""
+    gate and the sigmoid; from a float32 product and from a bfloat16 one, read as it is."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     calls = ((768, 0, 1024, True, 0), (256, 768, 1792, True, 3), (256, 0, 0, False, 0))
     for f, u0, g0, bias, rank in calls:
@@ -161,7 +192,9 @@ def test_m3_gate_product_kernel_lowers_to_triton_at_acting_sizes():
                 kw = dict(u0=u0, g0=g0, width=f, u_bias=bu, g_bias=bg, cond=cond)
                 return gate_product_pallas(u, g, c, w, **kw)
 
-            src = spec(65536, 2048)
-            text = jax.jit(run).trace(src, src, *gate, *biases, cond)
-            text = text.lower(lowering_platforms=("cuda",)).as_text()
-            assert text.count("__gpu$xla.gpu.triton") == 1
+            for dtype in (jnp.float32, jnp.bfloat16):  # kernels.acting_product
+                src = jax.ShapeDtypeStruct((65536, 2048), dtype)
+                text = jax.jit(run).trace(src, src, *gate, *biases, cond)
+                text = text.lower(lowering_platforms=("cuda",)).as_text()
+                assert text.count("__gpu$xla.gpu.triton") == 1
+                assert ("tensor<65536x2048xbf16>" in text) == (dtype == jnp.bfloat16)

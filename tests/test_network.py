@@ -21,6 +21,7 @@ from absl.testing import parameterized
 
 from jaxdqn.config import SWITCHES, ModelConfig
 from jaxdqn.model import distribution as D
+from jaxdqn.model import fused_branches as fused_branches_lib
 from jaxdqn.model import network as N
 from pallas_kernels import kan_gate_reference
 
@@ -684,6 +685,46 @@ def test_m6_m7_acting_kernel_in_the_model_equals_the_statistics_of_apply(switche
         N.make_model(cfg, OBS_DIM, acting="auto")
     with pytest.raises(ValueError, match="needs the fused branches"):
         N.make_model(cfg, OBS_DIM, fused=False, acting="interpret")
+
+
+@pytest.mark.slow
+def test_m3_m4_acting_product_bf16_rounds_only_acting_s_value_gate_product(monkeypatch):
+    """kernels.acting_product=bf16: ``act`` computes the fused branches' value/gate product
+    [B, 8·AH] with bfloat16 operands and result (the gate kernel widens it), and nothing else
+    changes: ``apply`` (the learner's and the target's pass) is the f32 model's bit for bit.
+    ``act``'s statistics differ from the f32 model's and equal, twenty times more closely,
+    those of the f32 model whose product is the bfloat16 one written out in jnp (operands
+    and result rounded)."""
+    cfg = CFG
+    make = lambda product: N.make_model(
+        cfg, OBS_DIM, fused=True, gated="gate_interpret", acting="interpret", acting_product=product
+    )
+    m16, m32 = make("bf16"), make("f32")
+    params = _perturb(m32.init(jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
+    obs = _obs(B, key=5)
+    v_min, dz = jnp.linspace(-1.0, -0.5, B), jnp.linspace(0.1, 0.3, B)
+    chex.assert_trees_all_equal(
+        m16.apply(params, obs, v_min, dz), m32.apply(params, obs, v_min, dz)
+    )
+    act16 = lambda p: m16.act(p, obs, v_min, dz)
+    text = str(jax.make_jaxpr(act16)(params))
+    assert f"bf16[{B},{8 * cfg.ah}] = dot_general" in text, text
+    assert "bf16" not in str(jax.make_jaxpr(lambda p: m32.act(p, obs, v_min, dz))(params))
+    got, plain = act16(params), m32.act(params, obs, v_min, dz)
+    # The f32 model with its product replaced by the bfloat16 one written out: operands
+    # rounded, float32 products and sums, the result rounded; what acting reads must equal
+    # it far more closely than it equals the unrounded model.
+    bf = lambda x: x.astype(jnp.bfloat16).astype(jnp.float32)
+    monkeypatch.setattr(fused_branches_lib, "linear", lambda x, w: bf(bf(x) @ bf(w)))
+    want = make("f32").act(params, obs, v_min, dz)
+    for name in ("q_mean", "q_var", "quantiles"):
+        a, b, c = (np.asarray(getattr(o, name)) for o in (got, want, plain))
+        rounding = np.abs(a - c).max()
+        assert rounding > 1e-4, name  # the setting changed what acting reads
+        assert np.abs(a - b).max() < 0.01 * rounding, (name, np.abs(a - b).max(), rounding)
+    np.testing.assert_array_equal(got.selectivity, plain.selectivity)
+    with pytest.raises(ValueError, match=r"kernels\.acting_product"):
+        N.make_model(cfg, OBS_DIM, acting_product="f16")
 
 
 def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:

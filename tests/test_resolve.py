@@ -8,6 +8,7 @@ import pytest
 from jaxdqn.agent.resolve import (
     Projection,
     acting_kernels,
+    acting_product,
     gated_kernels,
     head_kernels,
     in_q_units,
@@ -98,3 +99,22 @@ def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fu
     r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
     assert (r.fused, getattr(r, name), r.statistics) == (True, choices[-1], "reference")
     assert getattr(resolve(cfg, _Market(_closes())), name) == default
+
+
+def test_m3_m4_acting_product_bf16_needs_the_acting_and_gate_kernels():
+    """kernels.acting_product=bf16 is the product acting's gate kernel reads: with both kernels
+    asked for it resolves as set (also where they resolve to the reference: nothing reads it
+    there); without either it is an error naming both settings; f32 goes with anything."""
+    assert acting_product("bf16", "pallas", "gate") == "bf16"
+    assert acting_product("bf16", "interpret", "gate_interpret") == "bf16"
+    for acting, gated in (("auto", "gate"), ("pallas", "pallas"), ("reference", "auto")):
+        assert acting_product("f32", acting, gated) == "f32"
+        with pytest.raises(ConfigError, match=f"kernels.acting={acting} and kernels.gated={gated}"):
+            acting_product("bf16", acting, gated)
+    cfg = Config()
+    kernels = dataclasses.replace(cfg.kernels, acting_product="bf16")
+    with pytest.raises(ConfigError, match=r"kernels\.acting_product=bf16"):
+        resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    kernels = dataclasses.replace(kernels, fused="fused", acting="pallas", gated="gate")
+    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    assert (r.acting_product, resolve(cfg, _Market(_closes())).acting_product) == ("bf16", "f32")

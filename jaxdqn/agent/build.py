@@ -125,6 +125,7 @@ def build_agent(
         shards=shards,
         matmul=cfg.kernels.matmul,
         bias_grad=cfg.kernels.bias_grad,
+        acting_product=r.acting_product,
     )
     oc = cfg.optim
     pieces = learner.Pieces(

@@ -14,6 +14,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`statistics_kernels`: ``kernels.statistics``;
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`acting_kernels`: ``kernels.acting`` (likewise);
+* :func:`acting_product`: ``kernels.acting_product`` (only with the kernels that read it);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "Projection",
     "Resolved",
     "acting_kernels",
+    "acting_product",
     "fused_kernels",
     "gated_kernels",
     "in_q_units",
@@ -69,6 +71,7 @@ class Resolved(NamedTuple):
       statistics: :func:`statistics_kernels`.
       gated: :func:`gated_kernels`.
       acting: :func:`acting_kernels`.
+      acting_product: :func:`acting_product`.
       projection: :class:`Projection`.
     """
 
@@ -86,6 +89,7 @@ class Resolved(NamedTuple):
     statistics: str
     gated: str
     acting: str
+    acting_product: str
     projection: Projection
 
 
@@ -222,6 +226,28 @@ def acting_kernels(setting: str, fused_setting: str) -> str:
     return _fused_setting("acting", setting, "reference", fused_setting)
 
 
+def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str:
+    """``kernels.acting_product``, checked against the settings (not the resolutions) of
+    ``kernels.acting`` and ``kernels.gated``: ``bf16`` changes only the product that acting's
+    gate kernel reads, so it needs both kernels asked for (on a machine where they resolve to
+    the reference, as the CPU's per-branch modules, it then changes nothing).
+
+    Raises:
+      ConfigError: ``bf16`` without ``kernels.acting`` pallas | interpret and ``kernels.gated``
+        gate | gate_interpret.
+    """
+    if setting == "bf16" and (
+        acting_setting not in ("pallas", "interpret")
+        or gated_setting not in ("gate", "gate_interpret")
+    ):
+        raise ConfigError(
+            "kernels.acting_product=bf16 is the product acting's gate kernel reads: it needs "
+            "kernels.acting=pallas (or interpret) and kernels.gated=gate (or gate_interpret), "
+            f"got kernels.acting={acting_setting} and kernels.gated={gated_setting}"
+        )
+    return setting
+
+
 def statistics_kernels(setting: str) -> str:
     """``kernels.statistics`` resolved: ``auto`` = ``reference`` (the measured default; the
     Pallas kernel is a switch to measure against it)."""
@@ -279,5 +305,8 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         statistics=statistics_kernels(cfg.kernels.statistics),
         gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused),
         acting=acting_kernels(cfg.kernels.acting, cfg.kernels.fused),
+        acting_product=acting_product(
+            cfg.kernels.acting_product, cfg.kernels.acting, cfg.kernels.gated
+        ),
         projection=Projection(backend, projection_fallback(backend)),
     )

@@ -296,3 +296,14 @@ class KernelsConfig:
         "flax's form (autodiff's sums), whatever the setting. gemm is the reference",
         choices=("gemm", "narrow", "sum"),
     )
+    acting_product: str = _f(
+        "f32",
+        "acting's value/gate product (the fused branches' [u | g] = h W before the gate "
+        "kernel) in f32 or bf16: bf16 = bfloat16 operands and a bfloat16 result (float32 "
+        "accumulation), read by the gate kernel and widened to float32 in registers, so the "
+        "product writes and the kernel reads half the bytes (pre-activations rounded to 8 "
+        "significant bits; only acting's passes: the learner and the target network keep "
+        "f32). Needs kernels.acting=pallas (or interpret) and kernels.gated=gate (or "
+        "gate_interpret). f32 is the reference",
+        choices=("f32", "bf16"),
+    )

@@ -205,6 +205,19 @@ def linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
 
 
+def bf16_linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """``x @ kernel`` over the last axis with bfloat16 operands and a bfloat16 result (float32
+    accumulation inside the product): for a forward-only consumer that reads the product in
+    bfloat16 and widens it in registers (acting's gate kernel, ``kernels.acting_product``):
+    half the bytes the product writes and the consumer reads. The precision is explicit, so a
+    ``kernels.matmul`` context does not apply. Not for differentiated passes."""
+    bf = jnp.bfloat16
+    dims = (((x.ndim - 1,), (0,)), ((), ()))
+    return jax.lax.dot_general(
+        x.astype(bf), kernel.astype(bf), dims, jax.lax.Precision.DEFAULT, preferred_element_type=bf
+    )
+
+
 class Dense(nn.Module):
     """Drop-in for ``flax.linen.Dense`` (float32, with bias) computed by :func:`affine`."""
 

@@ -35,7 +35,7 @@ from jaxdqn.branches import BRANCH_KEYS, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
-from jaxdqn.model.dense import affine, default_precision, linear
+from jaxdqn.model.dense import affine, bf16_linear, default_precision, linear
 from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
 from jaxdqn.model.heads import branch_heads
 from pallas_kernels import kan_gate_init
@@ -43,6 +43,7 @@ from pallas_kernels.head_statistics import head_statistics_available, head_stati
 
 __all__ = [
     "ACTING",
+    "ACTING_PRODUCTS",
     "BranchParams",
     "BranchStatistics",
     "DenseParams",
@@ -55,6 +56,9 @@ ACTING = ("reference", "pallas", "interpret")
 """The resolved ``kernels.acting`` settings: ``reference`` computes acting's statistics from
 the logits (the model's ``apply``), ``pallas`` / ``interpret`` with the heads' statistics
 kernel (compiled / under the Pallas interpreter)."""
+ACTING_PRODUCTS = ("f32", "bf16")
+"""``kernels.acting_product``: the precision of acting's value/gate product where the gate
+kernel reads it (:func:`fused_branches`' ``acting_product``)."""
 
 _zeros = nn.initializers.zeros
 
@@ -128,6 +132,7 @@ def fused_branches(
     head_kernels: str,
     gated_kernels: str,
     statistics: str | None = None,
+    acting_product: str = "f32",
 ) -> Array | BranchStatistics:
     """The four branches on ``h_m [B, SH2]`` with the supports ``v_min``, ``delta_z [B]``
     (steps in the module docstring); call it inside a compact flax module (the branches'
@@ -140,6 +145,10 @@ def fused_branches(
       statistics: ``None`` → the logits; ``"pallas"`` / ``"interpret"`` → the heads'
         statistics kernel (compiled / interpreted) and :class:`BranchStatistics` (forward
         only: no gradient is defined through it).
+      acting_product: ``kernels.acting_product``: ``"bf16"`` computes the value/gate product
+        of a statistics pass read by the gate kernel (``gate``, ``gate_interpret``) with
+        bfloat16 operands and result (:func:`jaxdqn.model.dense.bf16_linear`); every other
+        pass, and ``"f32"``, as before.
     Returns:
       logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics.
     """
@@ -159,7 +168,12 @@ def fused_branches(
         b = jnp.concatenate([prm[k][path][1] for path, k in cols])
         # The gate kernel adds the biases where it reads u and g: XLA would add them in a
         # pass of its own over the whole product, which the kernel's call cannot fuse.
-        pre = linear(h_m, w) if gate_kernel else affine(h_m, w, b)
+        if not gate_kernel:
+            pre = affine(h_m, w, b)
+        elif statistics is not None and acting_product == "bf16":
+            pre = bf16_linear(h_m, w)
+        else:
+            pre = linear(h_m, w)
 
     def gate_params(keys: tuple[str, ...]) -> tuple[Array | None, Array | None]:
         """M4's (coeffs, w_res) of the branches ``keys`` side by side; (None, None) without M4."""

@@ -142,7 +142,9 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
 def _gate_product_reference(
     u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec
 ):
-    # The kernel's inputs, then the gate as kernels.kan computes it (P2 where it runs).
+    # The kernel's inputs (a bfloat16 product widened first, as the kernel does), then the
+    # gate as kernels.kan computes it (P2 where it runs).
+    u_src, g_src = _widened(u_src), _widened(g_src)
     u, g = gate_product_inputs(u_src, g_src, u_cols, g_cols, u_bias, g_bias, cond)
     return u * gate(g, coeffs, w_res, spec)
 
@@ -165,7 +167,12 @@ def _gate_product(
         grid_min=spec.grid_min,
         grid_max=spec.grid_max,
         interpret=interpret,
-    ).astype(u_src.dtype)
+    ).astype(_widened(u_src).dtype)
+
+
+def _widened(x: Array) -> Array:
+    """``x`` at least float32 (a bfloat16 product is read as float32)."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
 def _gate_product_fwd(*args):
@@ -199,7 +206,8 @@ def gate_product(
     """``u ⊙ gate(g)`` → ``[B, F]`` with ``u = u_src[:, u_cols] + u_bias + c W_cu`` and ``g =
     g_src[:, g_cols] + g_bias + c W_cg`` (both column ranges F wide; the biases ``[F]``, both
     or neither; ``cond = (c [B, r], W_cu, W_cg [r, F])`` or None; ``u_src`` and ``g_src`` may
-    be one array, e.g. the fused branches' bias-free ``[u | g]`` product) by ``impl``
+    be one array, e.g. the fused branches' bias-free ``[u | g]`` product, float32 or bfloat16:
+    the result is float32 either way) by ``impl``
     (``gate``: the Pallas kernel that reads both in place and adds the rest in registers;
     ``gate_interpret``: it under the Pallas interpreter). An undifferentiated pass runs the
     kernel; a differentiated one the reference (the slices, the adds, :func:`gate`, the
@@ -215,8 +223,15 @@ def gate_product(
     args = (u_src, g_src, coeffs, w_res, u_bias, g_bias, cond)
     if impl == "gate":
         bias, rank = u_bias is not None, 0 if cond is None else cond[0].shape[1]
+        bf16 = u_src.dtype == g_src.dtype == jnp.bfloat16
         built = gate_product_available(
-            width, spec.kan, u0=u_cols[0], g0=g_cols[0], bias=bias, rank=rank
+            width,
+            spec.kan,
+            u0=u_cols[0],
+            g0=g_cols[0],
+            bias=bias,
+            rank=rank,
+            dtype=jnp.bfloat16 if bf16 else jnp.float32,
         )
         if not built:
             return _gate_product_reference(*args, u_cols, g_cols, spec)

@@ -63,7 +63,12 @@ from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
 from jaxdqn.model.dense import Dense, products
-from jaxdqn.model.fused_branches import ACTING, acting_kernels_available, fused_branches
+from jaxdqn.model.fused_branches import (
+    ACTING,
+    ACTING_PRODUCTS,
+    acting_kernels_available,
+    fused_branches,
+)
 from jaxdqn.model.heads import HEADS, dueling
 from jaxdqn.model.xlstm import XLSTM, make_xlstm
 from jaxdqn.shards import ONE_DEVICE, Shards
@@ -212,6 +217,7 @@ class Network(nn.Module):
     head_kernels: str = "blockdiag"  # kernels.heads resolved (HEADS)
     gated_kernels: str = "reference"  # kernels.gated resolved (GATED)
     statistics: str | None = None  # kernels.acting's kernel (pallas | interpret), or logits
+    acting_product: str = "f32"  # kernels.acting_product (ACTING_PRODUCTS)
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -229,6 +235,7 @@ class Network(nn.Module):
                 head_kernels=self.head_kernels,
                 gated_kernels=self.gated_kernels,
                 statistics=self.statistics,
+                acting_product=self.acting_product,
             )
             return out, h, h_m
 
@@ -298,6 +305,7 @@ def make_model(
     shards: Shards = ONE_DEVICE,
     matmul: str = "f32",
     bias_grad: str = "gemm",
+    acting_product: str = "f32",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -312,7 +320,9 @@ def make_model(
     ``reference``, with one warning); ``shards``:
     the devices a batch is split over (M8's mean is batch-global; the rest is row-wise);
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16);
-    ``bias_grad``: which layers take the GEMM bias gradient (``kernels.bias_grad``)."""
+    ``bias_grad``: which layers take the GEMM bias gradient (``kernels.bias_grad``);
+    ``acting_product``: acting's value/gate product in f32 or bf16 where the gate kernel reads
+    it (``kernels.acting_product``; only ``act`` with ``acting`` and ``gated`` kernels)."""
     products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
@@ -326,9 +336,13 @@ def make_model(
         raise ValueError(f"kernels.acting: {acting!r} is not one of {ACTING}")
     if acting != "reference" and not fused:
         raise ValueError(f"kernels.acting: {acting!r} needs the fused branches (kernels.fused)")
+    if acting_product not in ACTING_PRODUCTS:
+        raise ValueError(
+            f"kernels.acting_product: {acting_product!r} is not one of {ACTING_PRODUCTS}"
+        )
     if acting == "pallas" and not acting_kernels_available(cfg, matmul == "bf16"):
         acting = "reference"
-    net = Network(cfg, obs_dim, kan_backend, fused, heads, gated)
+    net = Network(cfg, obs_dim, kan_backend, fused, heads, gated, acting_product=acting_product)
     act_net = None if acting == "reference" else net.clone(statistics=acting)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
