@@ -169,7 +169,8 @@ def _kernel(*refs, bm, bn, u0, g0, width, kan, bias, rank, lo, hi):
         gate = spline_gate_tile(g, load_gate_params(*gate_refs, cols, col_ok), lo, hi)
     else:
         gate = jax.nn.sigmoid(g)
-    pl_triton.store(o_ref.at[rows[:, None], cols[None, :]], u * gate, mask=mask)
+    out = (u * gate).astype(o_ref.dtype)
+    pl_triton.store(o_ref.at[rows[:, None], cols[None, :]], out, mask=mask)
 
 
 def gate_product_pallas(
@@ -187,13 +188,18 @@ def gate_product_pallas(
     grid_min=-3.0,
     grid_max=3.0,
     blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
+    out_dtype=jnp.float32,
     interpret=False,
 ):
-    """The kernel (arguments as :func:`gate_product_reference`) → float32 ``[B, F]``. The
-    sources are read as they are when both are float32 or both bfloat16 (a bfloat16 product:
-    half the bytes read, widened in registers), else as float32; everything else is float32.
+    """The kernel (arguments as :func:`gate_product_reference`) → ``[B, F]`` of ``out_dtype``
+    (float32, or bfloat16: the float32 result rounded to nearest even as it is stored, for a
+    consumer whose product rounds it so anyway). The sources are read as they are when both
+    are float32 or both bfloat16 (a bfloat16 product: half the bytes read, widened in
+    registers), else as float32; everything else is computed in float32.
     Forward only: not differentiable (the model differentiates through its reference)."""
     _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
+    if jnp.dtype(out_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"gate_product: out_dtype must be float32 or bfloat16, got {out_dtype}")
     bm, bn, warps = GateProductBlocks(*blocks)
     kan = coeffs is not None
     kernel = functools.partial(
@@ -220,7 +226,7 @@ def gate_product_pallas(
         args += [v.astype(f32) for v in cond]
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((u_src.shape[0], width), f32),
+        out_shape=jax.ShapeDtypeStruct((u_src.shape[0], width), out_dtype),
         grid=(pl.cdiv(u_src.shape[0], bm), pl.cdiv(width, bn)),
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
@@ -238,11 +244,12 @@ def gate_product_available(
     bias: bool = False,
     rank: int = 0,
     dtype=jnp.float32,
+    out_dtype=jnp.float32,
 ) -> bool:
     """Whether the Triton kernel builds here for ``F`` columns at the offsets ``u0``, ``g0`` of
-    one source of ``dtype`` (float32 or bfloat16), the gate kind, with or without the biases
-    and with a rank-``rank`` term (0: none) (probed once per process; one warning and False
-    where it cannot, :func:`pallas_kernels._backend`)."""
+    one source of ``dtype`` (float32 or bfloat16) into ``out_dtype``, the gate kind, with or
+    without the biases and with a rank-``rank`` term (0: none) (probed once per process; one
+    warning and False where it cannot, :func:`pallas_kernels._backend`)."""
 
     def build():
         rows, cols = 2 * blocks[0] + 3, max(u0, g0) + width  # ragged rows
@@ -252,9 +259,11 @@ def gate_product_available(
         w = np.ones((rank, width), np.float32)
         cond = (src[:, :rank], w, w) if rank else None
         kw = dict(u0=u0, g0=g0, width=width, u_bias=b, g_bias=b, cond=cond, blocks=blocks)
+        kw["out_dtype"] = out_dtype
         fwd = functools.partial(gate_product_pallas, **kw)
         src = jnp.asarray(src, dtype)
         jax.block_until_ready(jax.jit(fwd)(src, src, *(gate if kan else (None, None))))
 
-    key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks), jnp.dtype(dtype).name)
+    dtypes = jnp.dtype(dtype).name, jnp.dtype(out_dtype).name
+    key = ("gate_product", width, kan, u0, g0, bias, rank, tuple(blocks), *dtypes)
     return _backend.kernel_available(key, build)

@@ -152,7 +152,8 @@ def head_statistics_pallas(
     per_action: bool = False,
     interpret: bool = False,
 ) -> HeadStatistics:
-    """The statistics of the m dueling heads' distributions: float32 ``a [B, m·K]``,
+    """The statistics of the m dueling heads' distributions: ``a [B, m·K]`` (float32, or
+    bfloat16 read as it is with ``bf16``: half the bytes, the same products),
     ``w [m, K, (1+A)·N]``, ``b [m, (1+A)·N]``, per-row supports ``v_min [B]``, ``delta_z [B]``,
     static quantile ``levels`` → :class:`HeadStatistics` (math in the module docstring).
     ``bf16``: bfloat16 operands, float32 accumulation in the product (TF32 otherwise).
@@ -200,11 +201,18 @@ def head_statistics_pallas(
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="head_statistics",
-    )(a.astype(f32), w.astype(f32), b.astype(f32), v_min.astype(f32), delta_z.astype(f32))
+    )(a.astype(_a_dtype(a, bf16)), *(x.astype(f32) for x in (w, b, v_min, delta_z)))
     shape = (num_rows, m, actions)
     return HeadStatistics(
         mean.reshape(shape), var.reshape(shape), quant.reshape(*shape, len(levels))
     )
+
+
+def _a_dtype(a: jax.Array, bf16: bool):
+    """The dtype the kernel reads ``a`` in: bfloat16 as it is when the products take bfloat16
+    operands anyway (``bf16``; the tiles are widened after loading and rounded back to the same
+    values by the product), float32 otherwise."""
+    return jnp.bfloat16 if bf16 and a.dtype == jnp.bfloat16 else jnp.float32
 
 
 def pad_groups(x: jax.Array, actions: int) -> jax.Array:
@@ -261,7 +269,8 @@ def head_statistics_available(
         fn = functools.partial(
             head_statistics_pallas, actions=actions, levels=levels, bf16=bf16, per_action=per_action
         )
-        jax.block_until_ready(jax.jit(fn)(a, w, np.zeros((m, f), np.float32), -ones, ones))
+        for a_in in (a, jnp.asarray(a, jnp.bfloat16)) if bf16 else (a,):  # both reads of a
+            jax.block_until_ready(jax.jit(fn)(a_in, w, np.zeros((m, f), np.float32), -ones, ones))
 
     key = ("head_statistics", m, k, n, actions, tuple(levels), bf16, per_action)
     return _backend.kernel_available(key, build)

@@ -178,7 +178,7 @@ def group_tiles(
             a_ref.at[rows[:, None], (branch * num_k + ks)[None, :]],
             mask=row_ok[:, None] & k_ok[None, :],
             other=0.0,
-        )
+        ).astype(jnp.float32)  # a bfloat16 `a` (acting's under bf16): the product rounds back
         w_ok = jnp.broadcast_to(k_ok[:, None], (bk, atoms.shape[0]))
         if not aligned:
             w_ok = w_ok & atom_ok[None, :]

@@ -8,6 +8,7 @@ checked on the CPU too, at configs/gpu.yaml's acting sizes.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -136,6 +137,35 @@ def test_m3_m4_gate_product_kernel_widens_a_bfloat16_product_in_registers(kan, e
     np.testing.assert_allclose(ref / scale, want / scale, atol=2e-6)
 
 
+def test_m3_gate_product_kernel_writes_bfloat16_as_the_float32_result_rounded():
+    """``out_dtype=bfloat16``: the float32 result rounded to nearest even, bit for bit (what a
+    bf16 consumer would round it to), from a float32 and from a bfloat16 product; the jnp
+    reference of the model rounds alike; any other dtype is refused."""
+    rows, f = 37, 40
+    src, _, coeffs, w_res = _sources(rows, 2 * f + 1, 1, f, seed=13)
+    more = _extras(rows, f, "bias_cond", seed=14)
+    kw = dict(g0=f, width=f, **more, blocks=GateProductBlocks(16, 16, 4))
+    for source in (src, jnp.asarray(src, jnp.bfloat16)):
+        full = kernel(source, source, coeffs, w_res, **kw)
+        got = gate_product_pallas(
+            source, source, coeffs, w_res, **kw, out_dtype=jnp.bfloat16, interpret=True
+        )
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(full.astype(jnp.bfloat16)))
+    from jaxdqn.model.gated import GateSpec, gate_product
+
+    spec = GateSpec(True, -3.0, 3.0, "reference")
+    args = (src, src, slice(0, f), slice(f, 2 * f), coeffs, w_res, spec, "gate")
+    with warnings.catch_warnings():  # the CPU cannot build the kernel: the model's reference
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref = gate_product(*args, **more, out_bf16=True)
+        ref32 = gate_product(*args, **more)
+    assert ref.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(ref32.astype(jnp.bfloat16)))
+    with pytest.raises(ValueError, match="out_dtype"):
+        gate_product_pallas(src, src, coeffs, w_res, **kw, out_dtype=jnp.float16, interpret=True)
+
+
 def test_m4_gate_product_kernel_gate_is_flat_half_at_init():
     """With M4's initial parameters (coefficients ½, residual 0) the gate is exactly ½ for
     any pre-activation, inside or outside the grid: the kernel returns ½ u bit for bit."""
@@ -179,7 +209,8 @@ def test_m3_gate_product_kernel_lowers_to_triton_at_acting_sizes():
     in the fused bias-free product [u | g] of 2,048 columns: the three branches' call (768
     columns, g at 1,024; the kernel adds the biases) and magnitude's under M5 (256 columns at
     768 and 1,792, biases and c W_c with r = 3); and two sources without either; with the KAN
-    gate and the sigmoid; from a float32 product and from a bfloat16 one, read as it is."""
+    gate and the sigmoid; from a float32 product and from a bfloat16 one, read as it is, and
+    into a bfloat16 ``a``."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     calls = ((768, 0, 1024, True, 0), (256, 768, 1792, True, 3), (256, 0, 0, False, 0))
     for f, u0, g0, bias, rank in calls:
@@ -188,13 +219,20 @@ def test_m3_gate_product_kernel_lowers_to_triton_at_acting_sizes():
             biases = (spec(f), spec(f)) if bias else (None, None)
             cond = (spec(65536, rank), spec(rank, f), spec(rank, f)) if rank else None
 
-            def run(u, g, c, w, bu, bg, cond, u0=u0, g0=g0, f=f):
-                kw = dict(u0=u0, g0=g0, width=f, u_bias=bu, g_bias=bg, cond=cond)
+            def run(u, g, c, w, bu, bg, cond, u0=u0, g0=g0, f=f, out=jnp.float32):
+                kw = dict(u0=u0, g0=g0, width=f, u_bias=bu, g_bias=bg, cond=cond, out_dtype=out)
                 return gate_product_pallas(u, g, c, w, **kw)
 
-            for dtype in (jnp.float32, jnp.bfloat16):  # kernels.acting_product
+            # kernels.acting_product's bfloat16 product; a bfloat16 `a` for bf16 head products
+            for dtype, out in (
+                (jnp.float32,) * 2,
+                (jnp.bfloat16,) * 2,
+                (jnp.float32, jnp.bfloat16),
+            ):
                 src = jax.ShapeDtypeStruct((65536, 2048), dtype)
-                text = jax.jit(run).trace(src, src, *gate, *biases, cond)
+                fn = jax.jit(functools.partial(run, out=out))
+                text = fn.trace(src, src, *gate, *biases, cond)
                 text = text.lower(lowering_platforms=("cuda",)).as_text()
                 assert text.count("__gpu$xla.gpu.triton") == 1
                 assert ("tensor<65536x2048xbf16>" in text) == (dtype == jnp.bfloat16)
+                assert (f"tensor<65536x{f}xbf16>" in text) == (out == jnp.bfloat16)

@@ -247,6 +247,51 @@ def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
         assert ("truncf" in text) == (bf16 or cdf == "products")
 
 
+@pytest.mark.parametrize("per_action", [False, True], ids=["fused", "per_action"])
+def test_m6_m7_head_statistics_reads_a_bfloat16_a_as_its_bf16_products_would_round_it(per_action):
+    """With ``bf16`` the products round ``a`` to bfloat16 anyway, so a bfloat16 ``a`` (acting's
+    gate kernel writes it so under kernels.matmul=bf16) is read as it is: its statistics are
+    those of its float32 widening bit for bit, and on a GPU (Triton rounds the operands to
+    nearest even, as the gate kernel's store does) those of the float32 ``a`` itself under
+    ``bf16``. (The CPU computes BF16_BF16_F32 products in float32, so there only the float32
+    products' case is checked.) In the IR, XLA widens a bfloat16 ``a`` before the call only
+    without ``bf16``: with it, the Triton call reads ``a`` as it is."""
+    a, w, b, v_min, dz = _inputs(37, 3, 40, 51, seed=3)
+    a16 = a.astype(jnp.bfloat16)
+    assert not np.array_equal(np.asarray(a16.astype(jnp.float32)), np.asarray(a))
+
+    def same(xs, ys):
+        for x, y in zip(xs, ys, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+    # On the CPU only float32 products are exact to compare (its BF16_BF16_F32 is float32
+    # products that XLA may rearrange around the widening); on a GPU both, and the rounding.
+    for bf16 in (True, False) if BACKEND == "pallas" else (False,):
+        kw = dict(bf16=bf16, per_action=per_action)
+        same(
+            _kernel(a16, w, b, v_min, dz, **kw),
+            _kernel(a16.astype(jnp.float32), w, b, v_min, dz, **kw),
+        )
+    kw = dict(bf16=True, per_action=per_action)
+    got = _kernel(a16, w, b, v_min, dz, **kw)  # a bfloat16 `a` reaches the kernel
+    if BACKEND == "pallas":
+        same(got, _kernel(a, w, b, v_min, dz, **kw))
+    else:
+        for x, y in zip(got, _kernel(a16.astype(jnp.float32), w, b, v_min, dz, **kw), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+    spec = lambda dtype, *s: jax.ShapeDtypeStruct(s, dtype)
+    f32 = jnp.float32
+    args = (spec(f32, 3, 256, 204), spec(f32, 3, 204), spec(f32, 65536), spec(f32, 65536))
+    for bf16 in (True, False):
+        fn = functools.partial(
+            head_statistics_pallas, actions=A, levels=LEVELS, bf16=bf16, per_action=per_action
+        )
+        text = jax.jit(fn).trace(spec(jnp.bfloat16, 65536, 768), *args)
+        text = text.lower(lowering_platforms=("cuda",)).as_text()
+        widen = "stablehlo.convert %arg0 : (tensor<65536x768xbf16>) -> tensor<65536x768xf32>"
+        assert (widen in text) == (not bf16)  # else the Triton call reads %arg0 as it is
+
+
 def test_m6_m7_head_statistics_available_warns_once_on_the_cpu_and_is_true_on_a_gpu():
     if jax.default_backend() == "gpu":
         assert head_statistics_available(3, 256, 51, A, LEVELS)

@@ -22,6 +22,7 @@ from absl.testing import parameterized
 from jaxdqn.config import SWITCHES, ModelConfig
 from jaxdqn.model import distribution as D
 from jaxdqn.model import fused_branches as fused_branches_lib
+from jaxdqn.model import gated as gated_lib
 from jaxdqn.model import network as N
 from pallas_kernels import kan_gate_reference
 
@@ -725,6 +726,42 @@ def test_m3_m4_acting_product_bf16_rounds_only_acting_s_value_gate_product(monke
     np.testing.assert_array_equal(got.selectivity, plain.selectivity)
     with pytest.raises(ValueError, match=r"kernels\.acting_product"):
         N.make_model(cfg, OBS_DIM, acting_product="f16")
+
+
+@pytest.mark.slow
+def test_m6_m7_acting_gate_kernel_writes_a_in_bfloat16_for_bf16_head_products(monkeypatch):
+    """Under kernels.matmul=bf16 the acting heads' kernel rounds ``a`` to bfloat16 in its
+    products, so the gate kernel writes ``a`` so (``bf16[B, 3·AH]`` out of its call) in
+    ``act`` only: the learner's ``apply`` and f32 products keep float32 ``a``. The statistics
+    equal those with the gate kernel's float32 ``a`` to bfloat16 rounding (on the CPU, whose
+    BF16_BF16_F32 products are float32; on a GPU bit for bit, the kernel tests)."""
+    cfg = CFG
+    make = lambda matmul: N.make_model(
+        cfg, OBS_DIM, fused=True, gated="gate_interpret", acting="interpret", matmul=matmul
+    )
+    m16 = make("bf16")
+    params = _perturb(m16.init(jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
+    obs = _obs(B, key=5)
+    v_min, dz = jnp.linspace(-1.0, -0.5, B), jnp.linspace(0.1, 0.3, B)
+    jaxpr = lambda model, fn: str(jax.make_jaxpr(lambda p: fn(model)(p, obs, v_min, dz))(params))
+    a16 = f"bf16[{B},{3 * cfg.ah}]"
+    assert a16 in jaxpr(m16, lambda m: m.act)
+    assert a16 not in jaxpr(m16, lambda m: lambda *x: m.apply(*x).logits)
+    assert a16 not in jaxpr(make("f32"), lambda m: m.act)
+    got = m16.act(params, obs, v_min, dz)
+    real = gated_lib.gate_product
+    monkeypatch.setattr(
+        gated_lib, "gate_product", lambda *x, **k: real(*x, **k | {"out_bf16": False})
+    )
+    m32a = make("bf16")
+    assert a16 not in jaxpr(m32a, lambda m: m.act)
+    want = m32a.act(params, obs, v_min, dz)
+    for name in ("q_mean", "q_var"):
+        np.testing.assert_allclose(
+            getattr(got, name), getattr(want, name), rtol=2e-2, atol=2e-2, err_msg=name
+        )
+    # a quantile moves by up to one atom spacing (Δz ≤ 0.3 here) where the CDF is flat
+    np.testing.assert_allclose(got.quantiles, want.quantiles, atol=float(dz.max()))
 
 
 def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:

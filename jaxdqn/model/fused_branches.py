@@ -162,6 +162,7 @@ def fused_branches(
     spec = gated_lib.GateSpec(cfg.kan, cfg.kan_grid_min, cfg.kan_grid_max, kan_backend)
     gemm_kernel = gated_kernels in gated_lib.GEMM_KERNELS
     gate_kernel = gated_kernels in gated_lib.GATE_KERNELS
+    bf16_products = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
     if not gemm_kernel:
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
@@ -189,7 +190,7 @@ def fused_branches(
         adding the biases (and M5's ``cond`` term) where it reads u and g."""
         biases = b[u_cols], b[g_cols]
         args = (pre, pre, u_cols, g_cols, *gate_params(keys), spec, gated_kernels, *biases)
-        return gated_lib.gate_product(*args, cond=cond)
+        return gated_lib.gate_product(*args, cond=cond, out_bf16=bf16_statistics)
 
     def heads(a: Array, keys: tuple[str, ...]):
         """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]`` (or
@@ -208,11 +209,14 @@ def fused_branches(
             delta_z,
             actions=NUM_ACTIONS,
             levels=distribution.QUANTILE_LEVELS,
-            bf16=default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+            bf16=bf16_products,
             per_action=True,
             interpret=statistics == "interpret",
         )
 
+    # The statistics kernel's products round `a` to bfloat16 under kernels.matmul=bf16: the
+    # gate kernel then writes it so (half the bytes written and read, the same numbers).
+    bf16_statistics = statistics is not None and bf16_products
     first = FUSED_ORDER[:3] if cfg.dir_conditioning else FUSED_ORDER
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
     if gemm_kernel:  # M3 + M4 in one kernel per call (gated.py)

@@ -140,18 +140,19 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
 
 
 def _gate_product_reference(
-    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec
+    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec, out_bf16=False
 ):
     # The kernel's inputs (a bfloat16 product widened first, as the kernel does), then the
-    # gate as kernels.kan computes it (P2 where it runs).
+    # gate as kernels.kan computes it (P2 where it runs), rounded as the kernel stores it.
     u_src, g_src = _widened(u_src), _widened(g_src)
     u, g = gate_product_inputs(u_src, g_src, u_cols, g_cols, u_bias, g_bias, cond)
-    return u * gate(g, coeffs, w_res, spec)
+    a = u * gate(g, coeffs, w_res, spec)
+    return a.astype(jnp.bfloat16) if out_bf16 else a
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
 def _gate_product(
-    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec, interpret
+    u_src, g_src, coeffs, w_res, u_bias, g_bias, cond, u_cols, g_cols, spec, out_bf16, interpret
 ):
     return gate_product_pallas(
         u_src,
@@ -166,8 +167,9 @@ def _gate_product(
         cond=cond,
         grid_min=spec.grid_min,
         grid_max=spec.grid_max,
+        out_dtype=jnp.bfloat16 if out_bf16 else jnp.float32,
         interpret=interpret,
-    ).astype(_widened(u_src).dtype)
+    )
 
 
 def _widened(x: Array) -> Array:
@@ -178,12 +180,14 @@ def _widened(x: Array) -> Array:
 def _gate_product_fwd(*args):
     # Differentiated: the reference's forward (the slices, the bias and rank-r adds, the gate
     # call, the product), and its VJP kept: the gradients of the reference path exactly.
-    *arrays, u_cols, g_cols, spec, _interpret = args
-    reference = functools.partial(_gate_product_reference, u_cols=u_cols, g_cols=g_cols, spec=spec)
+    *arrays, u_cols, g_cols, spec, out_bf16, _interpret = args
+    reference = functools.partial(
+        _gate_product_reference, u_cols=u_cols, g_cols=g_cols, spec=spec, out_bf16=out_bf16
+    )
     return jax.vjp(reference, *arrays)
 
 
-def _gate_product_bwd(u_cols, g_cols, spec, interpret, vjp, g):
+def _gate_product_bwd(u_cols, g_cols, spec, out_bf16, interpret, vjp, g):
     return vjp(g)
 
 
@@ -202,12 +206,14 @@ def gate_product(
     u_bias: Array | None = None,
     g_bias: Array | None = None,
     cond: tuple[Array, Array, Array] | None = None,
+    out_bf16: bool = False,
 ) -> Array:
     """``u ⊙ gate(g)`` → ``[B, F]`` with ``u = u_src[:, u_cols] + u_bias + c W_cu`` and ``g =
     g_src[:, g_cols] + g_bias + c W_cg`` (both column ranges F wide; the biases ``[F]``, both
     or neither; ``cond = (c [B, r], W_cu, W_cg [r, F])`` or None; ``u_src`` and ``g_src`` may
     be one array, e.g. the fused branches' bias-free ``[u | g]`` product, float32 or bfloat16:
-    the result is float32 either way) by ``impl``
+    the result is float32 either way, or bfloat16 with ``out_bf16``: rounded as it is stored,
+    for a consumer whose product rounds it so anyway) by ``impl``
     (``gate``: the Pallas kernel that reads both in place and adds the rest in registers;
     ``gate_interpret``: it under the Pallas interpreter). An undifferentiated pass runs the
     kernel; a differentiated one the reference (the slices, the adds, :func:`gate`, the
@@ -232,7 +238,8 @@ def gate_product(
             bias=bias,
             rank=rank,
             dtype=jnp.bfloat16 if bf16 else jnp.float32,
+            out_dtype=jnp.bfloat16 if out_bf16 else jnp.float32,
         )
         if not built:
-            return _gate_product_reference(*args, u_cols, g_cols, spec)
-    return _gate_product(*args, u_cols, g_cols, spec, impl == "gate_interpret")
+            return _gate_product_reference(*args, u_cols, g_cols, spec, out_bf16)
+    return _gate_product(*args, u_cols, g_cols, spec, out_bf16, impl == "gate_interpret")
