@@ -729,6 +729,39 @@ def test_m3_m4_acting_product_bf16_rounds_only_acting_s_value_gate_product(monke
 
 
 @pytest.mark.slow
+def test_m1_m2_acting_activations_bf16_runs_acting_s_layers_in_bfloat16():
+    """kernels.acting_activations=bf16: ``act``'s trunk (M1), VSN (M2) and branch product take
+    bfloat16 operands and give bfloat16 activations; ``apply`` (learner, target) is the f32
+    model's bit for bit; M12 and the statistics stay float32. What ``act`` reads differs from
+    the float32-activation model's by bfloat16's rounding through the layers and no more."""
+    kw = dict(fused=True, gated="gate_interpret", acting="interpret", acting_product="bf16")
+    m16 = N.make_model(CFG, OBS_DIM, acting_activations="bf16", **kw)
+    m32 = N.make_model(CFG, OBS_DIM, **kw)
+    params = _perturb(m32.init(jax.random.PRNGKey(3)), jax.random.PRNGKey(4))
+    obs = _obs(B, key=5)
+    v_min, dz = jnp.linspace(-1.0, -0.5, B), jnp.linspace(0.1, 0.3, B)
+    args = (obs, v_min, dz)
+    chex.assert_trees_all_equal(m16.apply(params, *args), m32.apply(params, *args))
+    text = str(jax.make_jaxpr(lambda p: m16.act(p, *args))(params))
+    for width in (CFG.sh1, CFG.sh2, CFG.vsn_hidden):  # trunk fc1, fc2 and VSN's products
+        assert f"bf16[{B},{width}] = dot_general" in text, (width, text)
+    assert f"bf16[{B},{CFG.sh1}]" not in str(jax.make_jaxpr(lambda p: m32.act(p, *args))(params))
+    got, plain = m16.act(params, *args), m32.act(params, *args)
+    assert got.selectivity.dtype == got.q_mean.dtype == jnp.float32
+    # bfloat16's rounding (2^-9 relative) through five layers, and nothing larger; a quantile
+    # moves by up to one atom spacing (Δz ≤ 0.3 here) where the CDF is flat
+    for name, tol in (("q_mean", 3e-2), ("q_var", 3e-2), ("selectivity", 1e-2)):
+        a, c = np.asarray(getattr(got, name)), np.asarray(getattr(plain, name))
+        assert not np.array_equal(a, c), name
+        np.testing.assert_allclose(a, c, rtol=tol, atol=tol, err_msg=name)
+    np.testing.assert_allclose(got.quantiles, plain.quantiles, atol=float(dz.max()))
+    with pytest.raises(ValueError, match=r"kernels\.acting_activations=bf16 .* needs"):
+        N.make_model(CFG, OBS_DIM, fused=True, acting_activations="bf16")
+    with pytest.raises(ValueError, match=r"kernels\.acting_activations"):
+        N.make_model(CFG, OBS_DIM, acting_activations="f16")
+
+
+@pytest.mark.slow
 def test_m6_m7_acting_gate_kernel_writes_a_in_bfloat16_for_bf16_head_products(monkeypatch):
     """Under kernels.matmul=bf16 the acting heads' kernel rounds ``a`` to bfloat16 in its
     products, so the gate kernel writes ``a`` so (``bf16[B, 3·AH]`` out of its call) in

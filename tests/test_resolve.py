@@ -7,6 +7,7 @@ import pytest
 
 from jaxdqn.agent.resolve import (
     Projection,
+    acting_activations,
     acting_kernels,
     acting_product,
     gated_kernels,
@@ -118,3 +119,23 @@ def test_m3_m4_acting_product_bf16_needs_the_acting_and_gate_kernels():
     kernels = dataclasses.replace(kernels, fused="fused", acting="pallas", gated="gate")
     r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
     assert (r.acting_product, resolve(cfg, _Market(_closes())).acting_product) == ("bf16", "f32")
+
+
+def test_m1_m2_acting_activations_bf16_needs_the_bfloat16_product():
+    """kernels.acting_activations=bf16 hands the branches bfloat16 features, which only the
+    bfloat16 product reads: with it the setting resolves as set, without it one error line
+    naming kernels.acting_product; f32 goes with anything."""
+    assert acting_activations("bf16", "bf16") == "bf16"
+    assert acting_activations("f32", "f32") == acting_activations("f32", "bf16") == "f32"
+    with pytest.raises(ConfigError, match=r"needs kernels\.acting_product=bf16, got .*=f32"):
+        acting_activations("bf16", "f32")
+    cfg = Config()
+    kernels = dataclasses.replace(
+        cfg.kernels, fused="fused", acting="pallas", gated="gate", acting_activations="bf16"
+    )
+    with pytest.raises(ConfigError, match=r"kernels\.acting_activations=bf16"):
+        resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    kernels = dataclasses.replace(kernels, acting_product="bf16")
+    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    assert (r.acting_product, r.acting_activations) == ("bf16", "bf16")
+    assert resolve(cfg, _Market(_closes())).acting_activations == "f32"

@@ -34,6 +34,7 @@ __all__ = [
     "Agent",
     "build_agent",
     "make_agent_dynamics",
+    "make_agent_model",
     "make_init",
     "make_population_values",
     "make_replay",
@@ -113,20 +114,7 @@ def build_agent(
     r = resolve(cfg, market, shards)
     cfg, unit = r.cfg, r.reward_unit
     obs_dim = env_lib.obs_dim(market.env_params, market.num_features)
-    model = network.make_model(
-        cfg.model,
-        obs_dim,
-        kan_backend=cfg.kernels.kan,
-        fused=r.fused,
-        heads=r.heads,
-        statistics=r.statistics,
-        gated=r.gated,
-        acting=r.acting,
-        shards=shards,
-        matmul=cfg.kernels.matmul,
-        bias_grad=cfg.kernels.bias_grad,
-        acting_product=r.acting_product,
-    )
+    model = make_agent_model(r, obs_dim, shards)
     oc = cfg.optim
     pieces = learner.Pieces(
         model=model,
@@ -164,6 +152,27 @@ def build_agent(
         learning_starts=r.learning_starts,
         updates=cfg.optim.updates,
         shards=shards,
+    )
+
+
+def make_agent_model(r: Resolved, obs_dim: int, shards: Shards = ONE_DEVICE) -> network.Model:
+    """The model of the resolved config ``r`` for observations of width ``obs_dim``: its
+    section and every kernel setting as :func:`.resolve.resolve` decided it."""
+    cfg = r.cfg
+    return network.make_model(
+        cfg.model,
+        obs_dim,
+        kan_backend=cfg.kernels.kan,
+        fused=r.fused,
+        heads=r.heads,
+        statistics=r.statistics,
+        gated=r.gated,
+        acting=r.acting,
+        shards=shards,
+        matmul=cfg.kernels.matmul,
+        bias_grad=cfg.kernels.bias_grad,
+        acting_product=r.acting_product,
+        acting_activations=r.acting_activations,
     )
 
 

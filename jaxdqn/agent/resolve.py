@@ -15,6 +15,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`acting_kernels`: ``kernels.acting`` (likewise);
 * :func:`acting_product`: ``kernels.acting_product`` (only with the kernels that read it);
+* :func:`acting_activations`: ``kernels.acting_activations`` (only with that product);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
 """
@@ -34,6 +35,7 @@ from jaxdqn.shards import ONE_DEVICE, Shards
 __all__ = [
     "Projection",
     "Resolved",
+    "acting_activations",
     "acting_kernels",
     "acting_product",
     "fused_kernels",
@@ -72,6 +74,7 @@ class Resolved(NamedTuple):
       gated: :func:`gated_kernels`.
       acting: :func:`acting_kernels`.
       acting_product: :func:`acting_product`.
+      acting_activations: :func:`acting_activations`.
       projection: :class:`Projection`.
     """
 
@@ -90,6 +93,7 @@ class Resolved(NamedTuple):
     gated: str
     acting: str
     acting_product: str
+    acting_activations: str
     projection: Projection
 
 
@@ -248,6 +252,21 @@ def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str
     return setting
 
 
+def acting_activations(setting: str, product_setting: str) -> str:
+    """``kernels.acting_activations``, checked against ``kernels.acting_product``: ``bf16``
+    hands the branches a bfloat16 ``h_m``, which only the bfloat16 product reads.
+
+    Raises:
+      ConfigError: ``bf16`` without ``kernels.acting_product=bf16``.
+    """
+    if setting == "bf16" and product_setting != "bf16":
+        raise ConfigError(
+            "kernels.acting_activations=bf16 feeds acting's branches bfloat16 features: it "
+            f"needs kernels.acting_product=bf16, got kernels.acting_product={product_setting}"
+        )
+    return setting
+
+
 def statistics_kernels(setting: str) -> str:
     """``kernels.statistics`` resolved: ``auto`` = ``reference`` (the measured default; the
     Pallas kernel is a switch to measure against it)."""
@@ -307,6 +326,9 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         acting=acting_kernels(cfg.kernels.acting, cfg.kernels.fused),
         acting_product=acting_product(
             cfg.kernels.acting_product, cfg.kernels.acting, cfg.kernels.gated
+        ),
+        acting_activations=acting_activations(
+            cfg.kernels.acting_activations, cfg.kernels.acting_product
         ),
         projection=Projection(backend, projection_fallback(backend)),
     )

@@ -307,3 +307,13 @@ class KernelsConfig:
         "gate_interpret). f32 is the reference",
         choices=("f32", "bf16"),
     )
+    acting_activations: str = _f(
+        "f32",
+        "acting's network (trunk, VSN, the branches' product) in f32 or bf16: bf16 = every "
+        "dense layer of acting's forward pass with bfloat16 operands and a bfloat16 result "
+        "(float32 accumulation), so the activations between layers (SiLU, the VSN mask and "
+        "product) are bfloat16 and every pass over them moves half the bytes; M12, the heads' "
+        "statistics and everything after them stay float32, and the learner and the target "
+        "network are untouched. Needs kernels.acting_product=bf16. f32 is the reference",
+        choices=("f32", "bf16"),
+    )

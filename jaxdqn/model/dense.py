@@ -57,6 +57,7 @@ __all__ = [
     "MATMUL",
     "WIDE",
     "Dense",
+    "activations",
     "affine",
     "batch_sum",
     "bias_gradients",
@@ -73,6 +74,9 @@ WIDE = 128
 # The kernels.bias_grad in effect where a layer is traced (bias_gradients); like JAX's own
 # default_matmul_precision, a scoped setting read at trace time, never a value of a program.
 _BIAS_GRAD: contextvars.ContextVar[str] = contextvars.ContextVar("bias_grad", default="gemm")
+ACTIVATIONS = ("f32", "bf16")
+# kernels.acting_activations where acting's network is traced (activations): likewise scoped.
+_ACTIVATIONS: contextvars.ContextVar[str] = contextvars.ContextVar("activations", default="f32")
 
 
 def matmul_precision(matmul: str) -> contextlib.AbstractContextManager:
@@ -99,6 +103,21 @@ def bias_gradients(bias_grad: str) -> contextlib.AbstractContextManager:
     if bias_grad not in BIAS_GRADS:
         raise ValueError(f"kernels.bias_grad: {bias_grad!r} is not one of {list(BIAS_GRADS)}")
     return _scoped(_BIAS_GRAD, bias_grad)
+
+
+def activations(dtype: str) -> contextlib.AbstractContextManager:
+    """The context acting's forward pass is traced in for ``kernels.acting_activations``
+    (:data:`ACTIVATIONS`): under ``"bf16"`` every :func:`affine` takes bfloat16 operands and
+    returns ``x W + b`` in bfloat16 (float32 accumulation, :func:`bf16_linear`), so the
+    activations between layers are bfloat16. Forward only: never entered where a gradient is
+    taken.
+
+    Raises:
+      ValueError: ``dtype`` not in :data:`ACTIVATIONS`.
+    """
+    if dtype not in ACTIVATIONS:
+        raise ValueError(f"kernels.acting_activations: {dtype!r} is not one of {ACTIVATIONS}")
+    return _scoped(_ACTIVATIONS, dtype)
 
 
 @contextlib.contextmanager
@@ -181,7 +200,10 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     ``flax.linen.Dense``'s.
 
     The formulation is chosen when the function is traced, from the platform it will run on
-    (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else."""
+    (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else;
+    inside :func:`activations` ``("bf16")`` (acting only) it is bfloat16 in and out."""
+    if _ACTIVATIONS.get() == "bf16":  # acting's forward pass only (activations)
+        return bf16_linear(x, kernel) + bias.astype(jnp.bfloat16)
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
     return _accelerator_affine(x, kernel, bias, _BIAS_GRAD.get())

@@ -62,7 +62,7 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.coordination import Coordinated, make_coordination
-from jaxdqn.model.dense import Dense, products
+from jaxdqn.model.dense import Dense, activations, products
 from jaxdqn.model.fused_branches import (
     ACTING,
     ACTING_PRODUCTS,
@@ -306,6 +306,7 @@ def make_model(
     matmul: str = "f32",
     bias_grad: str = "gemm",
     acting_product: str = "f32",
+    acting_activations: str = "f32",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -322,7 +323,10 @@ def make_model(
     ``matmul``: the matrix products' operand precision (``kernels.matmul``, f32 | bf16);
     ``bias_grad``: which layers take the GEMM bias gradient (``kernels.bias_grad``);
     ``acting_product``: acting's value/gate product in f32 or bf16 where the gate kernel reads
-    it (``kernels.acting_product``; only ``act`` with ``acting`` and ``gated`` kernels)."""
+    it (``kernels.acting_product``; only ``act`` with ``acting`` and ``gated`` kernels);
+    ``acting_activations``: ``act``'s network (trunk, VSN, branches) in f32 or with bfloat16
+    operands and activations (``kernels.acting_activations``; needs ``acting_product="bf16"``;
+    M12 and the statistics stay float32)."""
     products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
@@ -339,6 +343,12 @@ def make_model(
     if acting_product not in ACTING_PRODUCTS:
         raise ValueError(
             f"kernels.acting_product: {acting_product!r} is not one of {ACTING_PRODUCTS}"
+        )
+    activations(acting_activations)  # an unknown value fails here, not at the first trace
+    if acting_activations == "bf16" and acting_product != "bf16":
+        raise ValueError(
+            "kernels.acting_activations=bf16 feeds the branches a bfloat16 h_m: it needs "
+            f"kernels.acting_product=bf16, got {acting_product!r}"
         )
     if acting == "pallas" and not acting_kernels_available(cfg, matmul == "bf16"):
         acting = "reference"
@@ -404,8 +414,10 @@ def make_model(
             return ActingOutput(out.q_mean, out.q_var, out.quantiles, out.selectivity)
         with products(matmul, bias_grad):
             v_min, delta_z = _inputs(obs, v_min, delta_z)
-            stats, h, _ = act_net.apply({"params": params["main"]}, obs, v_min, delta_z)
-            return ActingOutput(*stats, _selectivity(params, h, obs))
+            with activations(acting_activations):
+                stats, h, _ = act_net.apply({"params": params["main"]}, obs, v_min, delta_z)
+            # M12 reads h in float32 (XLA folds the widening into its product)
+            return ActingOutput(*stats, _selectivity(params, h.astype(jnp.float32), obs))
 
     def coordinate(params: Params, q: Array) -> Coordinated:
         aux = params["aux"]
