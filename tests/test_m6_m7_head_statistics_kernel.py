@@ -250,12 +250,12 @@ def test_m6_m7_head_statistics_kernel_lowers_to_triton_at_acting_size():
 @pytest.mark.parametrize("per_action", [False, True], ids=["fused", "per_action"])
 def test_m6_m7_head_statistics_reads_a_bfloat16_a_as_its_bf16_products_would_round_it(per_action):
     """With ``bf16`` the products round ``a`` to bfloat16 anyway, so a bfloat16 ``a`` (acting's
-    gate kernel writes it so under kernels.matmul=bf16) is read as it is: its statistics are
-    those of its float32 widening bit for bit, and on a GPU (Triton rounds the operands to
-    nearest even, as the gate kernel's store does) those of the float32 ``a`` itself under
-    ``bf16``. (The CPU computes BF16_BF16_F32 products in float32, so there only the float32
-    products' case is checked.) In the IR, XLA widens a bfloat16 ``a`` before the call only
-    without ``bf16``: with it, the Triton call reads ``a`` as it is."""
+    gate kernel writes it so under kernels.matmul=bf16) is read as it is: on a GPU (Triton
+    rounds the operands to nearest even, as the gate kernel's store does) its statistics are
+    those of its float32 widening and of the float32 ``a`` itself, bit for bit; the CPU
+    computes BF16_BF16_F32 products in float32, so there they agree with the widening's to
+    float32 rounding. In the IR, XLA widens a bfloat16 ``a`` before the call only without
+    ``bf16``: with it, the Triton call reads ``a`` as it is."""
     a, w, b, v_min, dz = _inputs(37, 3, 40, 51, seed=3)
     a16 = a.astype(jnp.bfloat16)
     assert not np.array_equal(np.asarray(a16.astype(jnp.float32)), np.asarray(a))
@@ -264,20 +264,14 @@ def test_m6_m7_head_statistics_reads_a_bfloat16_a_as_its_bf16_products_would_rou
         for x, y in zip(xs, ys, strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
-    # On the CPU only float32 products are exact to compare (its BF16_BF16_F32 is float32
-    # products that XLA may rearrange around the widening); on a GPU both, and the rounding.
-    for bf16 in (True, False) if BACKEND == "pallas" else (False,):
-        kw = dict(bf16=bf16, per_action=per_action)
-        same(
-            _kernel(a16, w, b, v_min, dz, **kw),
-            _kernel(a16.astype(jnp.float32), w, b, v_min, dz, **kw),
-        )
     kw = dict(bf16=True, per_action=per_action)
-    got = _kernel(a16, w, b, v_min, dz, **kw)  # a bfloat16 `a` reaches the kernel
-    if BACKEND == "pallas":
+    got = _kernel(a16, w, b, v_min, dz, **kw)  # a bfloat16 `a` reaches the kernel (IR below)
+    widened = _kernel(a16.astype(jnp.float32), w, b, v_min, dz, **kw)
+    if BACKEND == "pallas":  # Triton rounds float32 operands to nearest even
+        same(got, widened)
         same(got, _kernel(a, w, b, v_min, dz, **kw))
-    else:
-        for x, y in zip(got, _kernel(a16.astype(jnp.float32), w, b, v_min, dz, **kw), strict=True):
+    else:  # float32 products, which XLA may rearrange around the widening
+        for x, y in zip(got, widened, strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
     spec = lambda dtype, *s: jax.ShapeDtypeStruct(s, dtype)
     f32 = jnp.float32

@@ -163,6 +163,9 @@ def fused_branches(
     gemm_kernel = gated_kernels in gated_lib.GEMM_KERNELS
     gate_kernel = gated_kernels in gated_lib.GATE_KERNELS
     bf16_products = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+    # The statistics kernel's products round `a` to bfloat16 under kernels.matmul=bf16: the
+    # gate kernel then writes it so (half the bytes written and read, the same numbers).
+    bf16_statistics = statistics is not None and bf16_products
     if not gemm_kernel:
         # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
@@ -214,9 +217,6 @@ def fused_branches(
             interpret=statistics == "interpret",
         )
 
-    # The statistics kernel's products round `a` to bfloat16 under kernels.matmul=bf16: the
-    # gate kernel then writes it so (half the bytes written and read, the same numbers).
-    bf16_statistics = statistics is not None and bf16_products
     first = FUSED_ORDER[:3] if cfg.dir_conditioning else FUSED_ORDER
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
     if gemm_kernel:  # M3 + M4 in one kernel per call (gated.py)
