@@ -5,6 +5,14 @@ rows.
 
     PYTHONPATH=. python bench/gated.py            # on the GPU; a markdown table last
     PYTHONPATH=. python bench/gated.py --smoke    # tiny shapes, interpret mode, any machine
+    PYTHONPATH=. python bench/gated.py --bf16 --gate-tilings "32x64x4,64x64x4,..."
+
+``--bf16``: acting's bfloat16 path (``kernels.acting_product=bf16`` with
+``kernels.acting_activations=bf16``): ``x`` bfloat16, the product with bfloat16 operands and
+result (``dense.bf16_linear``), the gate kernel reading it as it is and writing ``a`` in
+bfloat16 (what ``head_statistics`` reads under ``kernels.matmul=bf16``), to sweep the gate
+kernel's tilings for those dtypes (the defaults were chosen on float32 sources); the Pallas
+GEMM rows (``--tilings``) are left out there.
 
 Both compute ``a = (x W_u + b_u) ⊙ gate(x W_g + b_g)`` for the three branches the fused model
 computes together (K = SH2 = 256 inputs, F = 3·AH = 768 columns) and for magnitude's call under
@@ -27,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
 
 from bench.kernels import int_tuples, n_sets, print_speed_table, rel, time_op
-from jaxdqn.model.dense import linear
+from jaxdqn.model.dense import bf16_linear, linear
 from jaxdqn.model.gated import GateSpec, gated_reference
 from pallas_kernels.gate_product import GateProductBlocks, gate_product_pallas
 from pallas_kernels.gated import GatedBlocks, gated_value_pallas
@@ -43,19 +51,27 @@ def inputs(key, rows, k, f):
     return x, w_u, w_g, zeros, zeros + 0.1, coeffs, 0.3 * jax.random.normal(kw, (f,))
 
 
-def gate_path(blocks, interpret):
+def gate_path(blocks, interpret, bf16=False):
     """``kernels.gated=gate``: XLA's bias-free product, then the in-place kernel that adds the
-    biases, applies the gate and writes ``u ⊙ gate``."""
+    biases, applies the gate and writes ``u ⊙ gate``; with ``bf16`` the product in bfloat16
+    (operands and result) and ``a`` written in bfloat16 (acting's bfloat16 path)."""
 
     def fn(x, w_u, w_g, b_u, b_g, coeffs, w_res):
         f = w_u.shape[1]
-        pre = linear(x, jnp.concatenate([w_u, w_g], 1))
+        w = jnp.concatenate([w_u, w_g], 1)
+        pre = bf16_linear(x, w) if bf16 else linear(x, w)
         return gate_product_pallas(
             pre, pre, coeffs, w_res, g0=f, width=f, u_bias=b_u, g_bias=b_g, blocks=blocks,
-            interpret=interpret,
+            out_dtype=jnp.bfloat16 if bf16 else jnp.float32, interpret=interpret,
         )  # fmt: skip
 
     return fn
+
+
+def _as_bf16_x(arrays, bf16):
+    """The inputs with ``x`` in bfloat16 under ``--bf16`` (acting's activations are), for every
+    path alike (the reference widens it: the same values)."""
+    return (arrays[0].astype(jnp.bfloat16), *arrays[1:]) if bf16 else arrays
 
 
 def main(argv=None):
@@ -77,25 +93,31 @@ def main(argv=None):
         default="32x64x4,32x128x4,16x128x4,16x256x4,8x256x4",
         help="the gate kernel's bm x bn x warps (empty: none)",
     )
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="acting's bfloat16 path: x, the product and the gate kernel's output in bfloat16",
+    )
     args = ap.parse_args(argv)
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
     dev = jax.devices()[0]
-    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
+    mode = "  acting bf16 path" if args.bf16 else ""
+    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}{mode}", flush=True)
     spec = GateSpec(True, -3.0, 3.0, "interpret" if smoke else "pallas")
     shapes = [(40, 24, 48)] if smoke else int_tuples(args.shapes)
     candidates = [
         (f"Pallas bm={b[0]} bn={b[1]} bk={b[2]} w={b[3]}", b,
          functools.partial(gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
-        for b in ([(16, 16, 16, 4)] if smoke else int_tuples(args.tilings))
+        for b in ([] if args.bf16 else [(16, 16, 16, 4)] if smoke else int_tuples(args.tilings))
     ] + [
         (f"XLA product + Pallas bias·gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
-         gate_path(GateProductBlocks(*b), smoke))
+         gate_path(GateProductBlocks(*b), smoke, args.bf16))
         for b in ([(8, 16, 4)] if smoke else int_tuples(args.gate_tilings))
     ]  # fmt: skip
     table = []
     for rows, k, f in shapes:
         sets = [
-            inputs(kk, rows, k, f)
+            _as_bf16_x(inputs(kk, rows, k, f), args.bf16)
             for kk in jax.random.split(jax.random.key(rows + k), 2 * n_sets(4 * rows * (k + f)))
         ]
         ref = functools.partial(gated_reference, spec=spec)

@@ -4,6 +4,13 @@ registers and writes only E[Z], Var[Z] and the quantiles (pallas_kernels/head_st
 
     PYTHONPATH=. python bench/head_statistics.py            # on the GPU; a markdown table last
     PYTHONPATH=. python bench/head_statistics.py --smoke    # tiny shapes, interpret mode
+    PYTHONPATH=. python bench/head_statistics.py --bf16 --tilings "128x32x4,128x64x4,..."
+
+``--bf16``: acting's path under ``kernels.matmul=bf16`` with the bfloat16 ``a`` the gate kernel
+writes there: ``a`` bfloat16 for every row (the XLA reference widens it: the same values), and
+the candidates are the per-action kernel (``kernels.acting=pallas``) with bfloat16 products at
+each ``--tilings`` tiling (the default per-action tiling was chosen on TF32 products and float32
+``a``); the error column is then the bfloat16 products' against the reference's float32.
 
 Shapes: the three branches the fused model computes together (m = 3, K = AH = 256, N = 51) and
 magnitude's call under M5 (m = 1) at acting's E = 65,536 rows (configs/gpu.yaml's population of
@@ -117,6 +124,11 @@ def part_path(upto: str, interpret: bool):
     return fn
 
 
+def _as_bf16_a(arrays, bf16):
+    """The inputs with ``a`` in bfloat16 under ``--bf16`` (what the gate kernel writes there)."""
+    return (arrays[0].astype(jnp.bfloat16), *arrays[1:]) if bf16 else arrays
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true")
@@ -138,13 +150,19 @@ def main(argv=None):
         "(measurement aids, error not meaningful) the kernel cut after its product and after "
         "the moments",
     )
+    ap.add_argument(
+        "--bf16",
+        action="store_true",
+        help="a in bfloat16, the per-action kernel with bfloat16 products at each --tilings",
+    )
     args = ap.parse_args(argv)
     smoke, reps = args.smoke, 2 if args.smoke else args.reps
     dev = jax.devices()[0]
-    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}", flush=True)
+    mode = "  acting bf16 path" if args.bf16 else ""
+    print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}{mode}", flush=True)
     shapes = [(40, 3, 24)] if smoke else [(*s, 256) for s in int_tuples(args.shapes)]
     paths = [("XLA heads (blockdiag) + M7 reference", model_path("blockdiag", "reference"))]
-    if not (smoke or args.kernel_only):
+    if not (smoke or args.kernel_only or args.bf16):
         paths += [
             ("XLA heads (blockdiag) + M7 scan", model_path("blockdiag", "scan")),
             ("XLA heads (split) + M7 reference", model_path("split", "reference")),
@@ -155,19 +173,21 @@ def main(argv=None):
     for rows, m, k in shapes:
         size = f"{rows}×{m}×{k}"
         sets = [
-            inputs(kk, rows, m, k)
+            _as_bf16_a(inputs(kk, rows, m, k), args.bf16)
             for kk in jax.random.split(jax.random.key(rows + m), 2 * n_sets(4 * rows * m * k))
         ]
         want, ref_us = None, None
+        kind = "per action, bf16 products," if args.bf16 else "fused kernel"
         candidates = list(paths) + [
             (
-                f"fused kernel bm={t.bm} bk={t.bk} w={t.warps}",
+                f"{kind} bm={t.bm} bk={t.bk} w={t.warps}",
                 functools.partial(
                     head_statistics_pallas,
                     actions=ACTIONS,
                     levels=LEVELS,
                     blocks=t,
                     interpret=smoke,
+                    **({"per_action": True, "bf16": True} if args.bf16 else {}),
                 ),
             )
             for t in tilings
