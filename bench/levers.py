@@ -18,9 +18,10 @@ call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
 
 ``--components off``: every component off (``config.ALL_OFF``) instead of on, in every part.
 
-``acting``: acting env steps/s at E = 65,536, every component on: with ``--before``, before /
-after / each ``--also`` variant with the flags on; without, this checkout with each ``--flags``
-setting and each ``--also`` variant (flags on).
+``acting``: acting env steps/s at E = 65,536 (``--envs``: others, e.g. ``4096,65536`` for a
+single run's and a 16-member population's rows a step), every component on: with ``--before``,
+before / after / each ``--also`` variant with the flags on; without, this checkout with each
+``--flags`` setting and each ``--also`` variant (flags on); each variant at each E.
 
 ``cache``: the same short training run (gpu.yaml, 1 epoch × 2 iterations)
 twice with one fresh cache folder; the time from the process start to the end of epoch 1 (the
@@ -98,7 +99,7 @@ from jaxdqn import config
 from jaxdqn.market import market
 base = {root!r} + "/configs/gpu.yaml"
 extra = [*config.{switches}, *{overrides!r}]
-row = bench_acting(base, extra, 65536, 16, market.prepare(config.load(base)), 5)
+row = bench_acting(base, extra, {envs}, 16, market.prepare(config.load(base)), 5)
 print(f"ACTING {{row['env_steps_s']:.4e}}")
 """
 
@@ -109,11 +110,14 @@ def acting_variant(
     overrides: tuple[str, ...] = (),
     xla: tuple[str, ...] = (),
     components: str = "on",
+    envs: int = 65536,
 ) -> str:
-    """Acting env steps/s at E = 65,536 (16 steps per call, every component on or off)."""
+    """Acting env steps/s at E = ``envs`` (16 steps per call, every component on or off)."""
     env = xla_env(flags, xla)
     switches = "ALL_ON" if components == "on" else "ALL_OFF"
-    code = ACTING.format(root=str(root), overrides=list(overrides), switches=switches)
+    code = ACTING.format(
+        root=str(root), overrides=list(overrides), switches=switches, envs=int(envs)
+    )
     res = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True
     )
@@ -156,6 +160,11 @@ def main():
         help="every component on (config.ALL_ON) or off (config.ALL_OFF)",
     )
     ap.add_argument(
+        "--envs",
+        default="65536",
+        help="acting: environments, comma-separated (each variant is measured at each)",
+    )
+    ap.add_argument(
         "--also",
         action="append",
         default=[],
@@ -166,6 +175,10 @@ def main():
     if parts - {"learner", "acting", "cache"}:
         ap.error(f"--parts: unknown {sorted(parts - {'learner', 'acting', 'cache'})}")
     settings = args.flags.split(",")
+    try:
+        envs = [int(e) for e in args.envs.split(",")]
+    except ValueError:
+        ap.error(f"--envs: {args.envs!r} is not a list of integers")
     if set(settings) - {"off", "on"}:
         ap.error(f"--flags: {args.flags!r} is not a list of off, on")
     rows = []
@@ -187,16 +200,16 @@ def main():
     acting_rows = []
     if "acting" in parts:
         # with --before: before and after (flags on); without: this checkout, flags off and on
-        if args.before:
-            before = Path(args.before).resolve()
-            act = functools.partial(acting_variant, components=args.components)
-            acting_rows = [("before", "on", act(before, True))]
-            acting_rows += [("after", "on", act(ROOT, True))]
-            acting_rows += [(f"after {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
-        else:
-            act = functools.partial(acting_variant, components=args.components)
-            acting_rows = [("this", f, act(ROOT, f == "on")) for f in settings]
-            acting_rows += [(f"this {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
+        for n in envs:
+            act = functools.partial(acting_variant, components=args.components, envs=n)
+            if args.before:
+                before = Path(args.before).resolve()
+                rows_n = [("before", "on", act(before, True)), ("after", "on", act(ROOT, True))]
+                rows_n += [(f"after {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
+            else:
+                rows_n = [("this", f, act(ROOT, f == "on")) for f in settings]
+                rows_n += [(f"this {e}", "on", act(ROOT, True, *variant(e))) for e in args.also]
+            acting_rows += [(n, *r) for r in rows_n]
     cache_rows = []
     if "cache" in parts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -217,8 +230,8 @@ def main():
         ups = f"{1e6 / float(us):,.0f}" if us.isdigit() else "?"
         print(f"{label:<{width}} {flags:<10} {us:>10} {ups:>10} "
               f"{r.get('kernels/update', '?'):>12} {r.get('GPU busy', '?'):>9}")  # fmt: skip
-    for label, flags, sps in acting_rows:
-        print(f"acting E = 65,536, every component {args.components}, {label}, XLA flags {flags}: "
+    for n, label, flags, sps in acting_rows:
+        print(f"acting E = {n:,}, every component {args.components}, {label}, XLA flags {flags}: "
               f"{sps} env steps/s")  # fmt: skip
     for which, epoch_end, total in cache_rows:
         print(f"compile cache {which}: end of epoch 1 after {epoch_end:.1f} s, "
