@@ -16,8 +16,11 @@ GEMM rows (``--tilings``) are left out there.
 
 Both compute ``a = (x W_u + b_u) ⊙ gate(x W_g + b_g)`` for the three branches the fused model
 computes together (K = SH2 = 256 inputs, F = 3·AH = 768 columns) and for magnitude's call under
-M5 (K = 259, F = 256); the reference is the model's own formulation (one ``affine`` of
-``[W_u | W_g]``, then the KAN gate kernel P2 and the product). Timing: ``bench/kernels.py``'s
+M5 (K = 256, F = 256, and M5's rank-3 conditioning ``c W_c``: a shape's fourth number r); the
+reference is the model's own formulation (one ``affine`` of ``[W_u | W_g]`` over the K + r
+inputs, then the KAN gate kernel P2 and the product); the gate path, as the model calls it,
+takes XLA's product over the K inputs and adds ``c W_c`` (the last r inputs and weight rows) in
+the kernel. Timing: ``bench/kernels.py``'s
 chained-difference method (medians). TFLOP/s counts the two products' multiply-adds.
 """
 
@@ -51,18 +54,20 @@ def inputs(key, rows, k, f):
     return x, w_u, w_g, zeros, zeros + 0.1, coeffs, 0.3 * jax.random.normal(kw, (f,))
 
 
-def gate_path(blocks, interpret, bf16=False):
+def gate_path(blocks, interpret, bf16=False, rank=0):
     """``kernels.gated=gate``: XLA's bias-free product, then the in-place kernel that adds the
-    biases, applies the gate and writes ``u ⊙ gate``; with ``bf16`` the product in bfloat16
-    (operands and result) and ``a`` written in bfloat16 (acting's bfloat16 path)."""
+    biases (and, with ``rank``, M5's ``c W_c``: the last ``rank`` inputs and weight rows),
+    applies the gate and writes ``u ⊙ gate``; with ``bf16`` the product in bfloat16 (operands
+    and result) and ``a`` written in bfloat16 (acting's bfloat16 path)."""
 
     def fn(x, w_u, w_g, b_u, b_g, coeffs, w_res):
-        f = w_u.shape[1]
-        w = jnp.concatenate([w_u, w_g], 1)
-        pre = bf16_linear(x, w) if bf16 else linear(x, w)
+        f, k = w_u.shape[1], x.shape[1] - rank
+        w = jnp.concatenate([w_u[:k], w_g[:k]], 1)
+        pre = bf16_linear(x[:, :k], w) if bf16 else linear(x[:, :k], w)
+        cond = (x[:, k:].astype(jnp.float32), w_u[k:], w_g[k:]) if rank else None
         return gate_product_pallas(
-            pre, pre, coeffs, w_res, g0=f, width=f, u_bias=b_u, g_bias=b_g, blocks=blocks,
-            out_dtype=jnp.bfloat16 if bf16 else jnp.float32, interpret=interpret,
+            pre, pre, coeffs, w_res, g0=f, width=f, u_bias=b_u, g_bias=b_g, cond=cond,
+            blocks=blocks, out_dtype=jnp.bfloat16 if bf16 else jnp.float32, interpret=interpret,
         )  # fmt: skip
 
     return fn
@@ -80,8 +85,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument(
         "--shapes",
-        default="65536x256x768,65536x259x256,8192x256x768",
-        help="rows x K x F, comma-separated",
+        default="65536x256x768,65536x256x256x3,8192x256x768",
+        help="rows x K x F [x r: M5's rank], comma-separated",
     )
     ap.add_argument(
         "--tilings",
@@ -104,36 +109,40 @@ def main(argv=None):
     mode = "  acting bf16 path" if args.bf16 else ""
     print(f"# {datetime.date.today()}  jax {jax.__version__}  {dev.device_kind}{mode}", flush=True)
     spec = GateSpec(True, -3.0, 3.0, "interpret" if smoke else "pallas")
-    shapes = [(40, 24, 48)] if smoke else int_tuples(args.shapes)
+    shapes = [(40, 24, 48), (40, 24, 48, 3)] if smoke else int_tuples(args.shapes)
     candidates = [
         (f"Pallas bm={b[0]} bn={b[1]} bk={b[2]} w={b[3]}", b,
-         functools.partial(gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
+         lambda r, b=b: functools.partial(
+             gated_value_pallas, blocks=GatedBlocks(*b), interpret=smoke))
         for b in ([] if args.bf16 else [(16, 16, 16, 4)] if smoke else int_tuples(args.tilings))
     ] + [
         (f"XLA product + Pallas bias·gate·product bm={b[0]} bn={b[1]} w={b[2]}", b,
-         gate_path(GateProductBlocks(*b), smoke, args.bf16))
+         lambda r, b=b: gate_path(GateProductBlocks(*b), smoke, args.bf16, r))
         for b in ([(8, 16, 4)] if smoke else int_tuples(args.gate_tilings))
     ]  # fmt: skip
     table = []
-    for rows, k, f in shapes:
+    for rows, k, f, *rank in shapes:
+        r = rank[0] if rank else 0
         sets = [
-            _as_bf16_x(inputs(kk, rows, k, f), args.bf16)
+            _as_bf16_x(inputs(kk, rows, k + r, f), args.bf16)
             for kk in jax.random.split(jax.random.key(rows + k), 2 * n_sets(4 * rows * (k + f)))
         ]
         ref = functools.partial(gated_reference, spec=spec)
         want = np.asarray(ref(*sets[0]))
         ref_us = time_op(ref, sets, reps) * 1e6
-        flops = 4.0 * rows * k * f
-        table.append((f"{rows}×{k}→{f}", "XLA affine + P2 gate + product", ref_us, 1.0, 0.0))
+        flops = 4.0 * rows * (k + r) * f
+        size = f"{rows}×{k}{f' + c[{r}]' if r else ''}→{f}"
+        table.append((size, "XLA affine + P2 gate + product", ref_us, 1.0, 0.0))
         print(table[-1], flush=True)
-        for name, blocks, fn in candidates:
+        for name, blocks, make in candidates:
+            fn = make(r)
             try:
                 us = time_op(fn, sets, reps) * 1e6
                 err = rel(fn(*sets[0]), want)
             except Exception as e:  # a tiling Triton refuses: report it, go on
                 print(f"  {blocks}: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
                 continue
-            table.append((f"{rows}×{k}→{f}", name, us, ref_us / us, err))
+            table.append((size, name, us, ref_us / us, err))
             print(table[-1], f"{flops / us / 1e6:.0f} TFLOP/s", flush=True)
         del sets
     print_speed_table(table, "rows × K → F")
