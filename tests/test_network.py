@@ -1003,3 +1003,26 @@ def test_m1_kernels_bias_grad_picks_the_layers_whose_bias_gradient_is_a_ones_gem
         dense.bias_gradients("wide")
     with pytest.raises(ValueError, match=r"kernels\.bias_grad"):
         N.make_model(CFG, OBS_DIM, bias_grad="wide")
+
+
+def test_m3_bf16_linear_accumulates_in_float32_and_rounds_once():
+    """``dense.bf16_linear`` (acting's bfloat16 products): bfloat16 operands and result with a
+    float32 accumulator, on whatever backend runs the test (the GPU too, where XLA emits the
+    product as cuBLAS's or its own Triton GEMM). ``1 + 255 · 2⁻¹⁰`` summed in float32 is
+    1.249…, rounded once to bfloat16 1.25; a bfloat16 accumulator loses every 2⁻¹⁰ against the
+    1 (bfloat16's spacing there is 2⁻⁷) and returns 1.0. Also on a wide product at acting's K:
+    the float32 dot of the rounded operands, rounded once."""
+    from jaxdqn.model.dense import bf16_linear
+
+    k = 256
+    x = jnp.full((4, k), 2.0**-10, jnp.float32).at[:, 0].set(1.0)
+    out = bf16_linear(x, jnp.ones((k, 8), jnp.float32))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), 1.25)
+    kx, kw = jax.random.split(jax.random.PRNGKey(3))
+    x = jax.random.normal(kx, (64, k)).astype(jnp.bfloat16)
+    w = (jax.random.normal(kw, (k, 96)) / 16.0).astype(jnp.bfloat16)
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    got = np.asarray(bf16_linear(x, w), np.float64)
+    # one rounding to bfloat16 (relative 2^-9) plus float32 summation (far below it)
+    np.testing.assert_allclose(got, want, rtol=2.0**-8, atol=1e-6)
