@@ -9,7 +9,9 @@ statistics with the per-action acting path (``kernels.acting`` + ``kernels.gated
 (``kernels.acting_product=bf16``, then with ``kernels.acting_activations=bf16``, then with
 ``kernels.matmul=bf16`` as well: the fastest acting measured; on a CPU only the acting
 kernels' head products take it, rounding their operands themselves), the same
-parameters, supports (the checkpoint's) and observations. Per branch it reports against the
+parameters, supports (the checkpoint's) and observations, and the default acting path (XLA's
+heads and M7, float32) against it too: the scale of float rounding alone. Per branch it
+reports against the
 float32 path: the median and largest ``|ΔE[Q]|``, the median gap between the best and second
 action's E[Q] (what a greedy decision turns on), the share of observations whose greedy
 action changes, and the mean total-variation distance between the A1 Boltzmann policies
@@ -39,6 +41,8 @@ from jaxdqn.model import network  # noqa: E402
 from jaxdqn.program.trained.load import load_run  # noqa: E402
 
 VARIANTS = {
+    # float32 both: what float rounding alone changes (XLA's path against the kernels')
+    "default path, f32": {"acting": "reference", "gated": "reference"},
     "acting_product=bf16": {"acting_product": "bf16"},
     "+ acting_activations=bf16": {"acting_product": "bf16", "acting_activations": "bf16"},
     "+ matmul=bf16": {"acting_product": "bf16", "acting_activations": "bf16", "matmul": "bf16"},
@@ -92,7 +96,7 @@ def main(argv=None) -> None:
     kernels["gated"] = "gate" if gpu else "gate_interpret"
 
     def statistics(**kw):
-        model = network.make_model(cfg.model, run.agent.obs_dim, fused=True, **kernels, **kw)
+        model = network.make_model(cfg.model, run.agent.obs_dim, fused=True, **{**kernels, **kw})
         return jax.jit(model.act)(params, obs, v_min, delta_z).q_mean
 
     reference = statistics()
