@@ -19,7 +19,9 @@ table, printed last, has one row per seed and the population mean ± std:
   execution is the one with the best *val* Sharpe), else the buy-and-hold and random baselines;
 - annual turnover;
 
-and the stability checks: non-finite faults, the smallest support half-width after the first
+the training's speed (the median over epochs 2 on of ``metrics.jsonl``'s ``env_steps_per_s``
+and ``updates_per_s``: the epochs' training iterations, compilation in epoch 1 left out), and
+the stability checks: non-finite faults, the smallest support half-width after the first
 epoch against its floor (``dynamics.support_min_half_width`` × the reward unit), the largest
 epoch-mean end-atom mass after the first epoch, and the largest per-branch Q-gap in reward
 units, against L3's bound ``loss.spread_max_gap`` when L3 is on (it stops pushing there; a
@@ -160,6 +162,15 @@ def table(run: Path) -> str:
         [np.ravel(r["end_atom_mass"]) for r in after if r.get("end_atom_mass") is not None]
     )
     gap = np.concatenate([np.ravel(r["q_gap"]) for r in after if r.get("q_gap") is not None])
+    # epoch 1 holds the compilation; the rest is the training's own throughput
+    speed = [(r["env_steps_per_s"], r["updates_per_s"]) for r in after if "env_steps_per_s" in r]
+    if speed:
+        env_s, upd_s = np.median(np.array(speed, dtype=np.float64), axis=0)
+        lines.append(
+            f"training speed, median of epochs {after[0]['epoch']}-{after[-1]['epoch']}: "
+            f"{env_s:.3g} env steps/s (every seed's), {upd_s:.0f} updates/s (of the program, "
+            "each for every seed), the epochs' training iterations only"
+        )
     lines += [
         f"faults (non-finite epochs): {s.get('fault_events')}",
         f"support half-width after epoch 1: min {half.min():.3f} max {half.max():.3f} "
