@@ -58,19 +58,21 @@ def replay_observations(state, obs_dim: int, seed: int, rows: int) -> np.ndarray
     return obs[np.abs(obs).sum(axis=1) > 0][:rows]
 
 
-def compare(reference, other, kappa: float, floor: float) -> dict[str, np.ndarray]:
-    """Per-branch differences of ``other``'s E[Q] ``[n, 4, 3]`` from ``reference``'s."""
-    q, qb = np.asarray(reference, np.float64), np.asarray(other, np.float64)
-    ordered = np.sort(q, axis=-1)
-    p = np.asarray(boltzmann_probs(jnp.asarray(q, jnp.float32), kappa, floor), np.float64)
-    pb = np.asarray(boltzmann_probs(jnp.asarray(qb, jnp.float32), kappa, floor), np.float64)
+def policy(q, kappa: float, floor: float) -> np.ndarray:
+    """A1's Boltzmann probabilities ``[n, 4, 3]`` of E[Q] ``q`` (float64)."""
+    return np.asarray(boltzmann_probs(jnp.asarray(q, jnp.float32), kappa, floor), np.float64)
+
+
+def compare(q, p, other, kappa: float, floor: float) -> dict[str, np.ndarray]:
+    """Per-branch differences of ``other``'s E[Q] ``[n, 4, 3]`` from the float32 path's ``q``
+    (float64) and its policy ``p``."""
+    qb = np.asarray(other, np.float64)
     err = np.abs(qb - q)
     return {
         "abs dQ median": np.median(err, axis=(0, 2)),
         "abs dQ max": err.max(axis=(0, 2)),
-        "top-2 gap median": np.median(ordered[..., -1] - ordered[..., -2], axis=0),
         "greedy changed": (qb.argmax(-1) != q.argmax(-1)).mean(axis=0),
-        "policy TV mean": 0.5 * np.abs(pb - p).sum(-1).mean(axis=0),
+        "policy TV mean": 0.5 * np.abs(policy(qb, kappa, floor) - p).sum(-1).mean(axis=0),
     }
 
 
@@ -99,10 +101,13 @@ def main(argv=None) -> None:
         model = network.make_model(cfg.model, run.agent.obs_dim, fused=True, **{**kernels, **kw})
         return jax.jit(model.act)(params, obs, v_min, delta_z).q_mean
 
-    reference = statistics()
+    q = np.asarray(statistics(), np.float64)
+    p = policy(q, kappa, floor)
+    ordered = np.sort(q, axis=-1)
     rows = [
-        (name, compare(reference, statistics(**kw), kappa, floor)) for name, kw in VARIANTS.items()
+        ("per action, f32", {"top-2 gap median": np.median(ordered[..., -1] - ordered[..., -2], 0)})
     ]
+    rows += [(name, compare(q, p, statistics(**kw), kappa, floor)) for name, kw in VARIANTS.items()]
     print(f"\n{args.run_dir}: agent {args.seed}, {obs.shape[0]:,} replay observations, "
           f"{jax.devices()[0].device_kind}, jax {jax.__version__}; κ {kappa:.3g}, temperature "
           f"floor {floor:.3g}, support [{centre - half:.3g}, {centre + half:.3g}]")  # fmt: skip
