@@ -43,8 +43,10 @@ from pallas_kernels import _backend
 from pallas_kernels.kan import NUM_BASES, kan_gate_reference, load_gate_params, spline_gate_tile
 
 __all__ = [
+    "DEFAULT_GATE_PRODUCT_BF16_BLOCKS",
     "DEFAULT_GATE_PRODUCT_BLOCKS",
     "GateProductBlocks",
+    "default_gate_product_blocks",
     "gate_product_available",
     "gate_product_inputs",
     "gate_product_pallas",
@@ -66,6 +68,16 @@ class GateProductBlocks(tuple):
 
 
 DEFAULT_GATE_PRODUCT_BLOCKS = GateProductBlocks()
+# Both sources bfloat16 (acting's bfloat16 path): half the bytes a row, so a tile of its own.
+DEFAULT_GATE_PRODUCT_BF16_BLOCKS = GateProductBlocks(32, 64, 4)
+
+
+def default_gate_product_blocks(dtype) -> GateProductBlocks:
+    """The default tiling for sources of ``dtype``: :data:`DEFAULT_GATE_PRODUCT_BF16_BLOCKS` for
+    bfloat16, else :data:`DEFAULT_GATE_PRODUCT_BLOCKS` (the kernel reads others as float32)."""
+    if jnp.dtype(dtype) == jnp.dtype(jnp.bfloat16):
+        return DEFAULT_GATE_PRODUCT_BF16_BLOCKS
+    return DEFAULT_GATE_PRODUCT_BLOCKS
 
 
 def _check(u_src, g_src, coeffs, w_res, u0, g0, f, u_bias=None, g_bias=None, cond=None):
@@ -187,7 +199,7 @@ def gate_product_pallas(
     cond=None,
     grid_min=-3.0,
     grid_max=3.0,
-    blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
+    blocks=None,
     out_dtype=jnp.float32,
     interpret=False,
 ):
@@ -196,11 +208,14 @@ def gate_product_pallas(
     consumer whose product rounds it so anyway). The sources are read as they are when both
     are float32 or both bfloat16 (a bfloat16 product: half the bytes read, widened in
     registers), else as float32; everything else is computed in float32.
+    ``blocks``: the tiling; None: :func:`default_gate_product_blocks` of the sources' dtype.
     Forward only: not differentiable (the model differentiates through its reference)."""
     _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     if jnp.dtype(out_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"gate_product: out_dtype must be float32 or bfloat16, got {out_dtype}")
-    bm, bn, warps = GateProductBlocks(*blocks)
+    f32 = jnp.float32
+    src = jnp.bfloat16 if u_src.dtype == g_src.dtype == jnp.bfloat16 else f32
+    bm, bn, warps = GateProductBlocks(*(blocks or default_gate_product_blocks(src)))
     kan = coeffs is not None
     kernel = functools.partial(
         _kernel,
@@ -215,8 +230,6 @@ def gate_product_pallas(
         lo=float(grid_min),
         hi=float(grid_max),
     )
-    f32 = jnp.float32
-    src = jnp.bfloat16 if u_src.dtype == g_src.dtype == jnp.bfloat16 else f32
     args = [u_src.astype(src), g_src.astype(src)]
     if kan:
         args += [coeffs.T.astype(f32), w_res.astype(f32)]  # [8, F]: contiguous c_k rows
@@ -237,7 +250,7 @@ def gate_product_pallas(
 def gate_product_available(
     width: int,
     kan: bool,
-    blocks=DEFAULT_GATE_PRODUCT_BLOCKS,
+    blocks=None,
     *,
     u0: int = 0,
     g0: int = 0,
@@ -250,6 +263,8 @@ def gate_product_available(
     one source of ``dtype`` (float32 or bfloat16) into ``out_dtype``, the gate kind, with or
     without the biases and with a rank-``rank`` term (0: none) (probed once per process; one
     warning and False where it cannot, :func:`pallas_kernels._backend`)."""
+
+    blocks = tuple(blocks or default_gate_product_blocks(dtype))
 
     def build():
         rows, cols = 2 * blocks[0] + 3, max(u0, g0) + width  # ragged rows

@@ -52,6 +52,7 @@ from pallas_kernels.statistics import row_statistics
 
 __all__ = [
     "DEFAULT_HEAD_STAT_BLOCKS",
+    "DEFAULT_PER_ACTION_BF16_BLOCKS",
     "DEFAULT_PER_ACTION_BLOCKS",
     "HeadStatBlocks",
     "HeadStatistics",
@@ -80,6 +81,8 @@ DEFAULT_HEAD_STAT_BLOCKS = HeadStatBlocks()
 # (281 / 105 µs; (128, 64, 4) 287 / 109, (256, 32, 8) 323 / 112, (64, 32, 4) 414 / 139;
 # bench/RESULTS.md, 2026-12-06).
 DEFAULT_PER_ACTION_BLOCKS = HeadStatBlocks(128, 32, 4)
+# per_action=True with a bfloat16 ``a`` (acting's bfloat16 path): half the bytes of a row read.
+DEFAULT_PER_ACTION_BF16_BLOCKS = HeadStatBlocks(128, 32, 4)
 
 
 class HeadStatistics(NamedTuple):
@@ -163,7 +166,7 @@ def head_statistics_pallas(
     how the epilogue forms each row's CDF (:func:`pallas_kernels.statistics.row_statistics`).
     ``per_action``: the dueling combination folded into the weights, one program per (action,
     row tile, branch) (module docstring; ``aligned`` is implied). ``blocks``: the tiling, by
-    default the fastest measured for the schedule."""
+    default the fastest measured for the schedule (and, per action, for ``a``'s dtype)."""
     m, k, n = _check(a, w, b, actions)
     num_rows = a.shape[0]
     if v_min.shape != (num_rows,) or delta_z.shape != (num_rows,):
@@ -172,7 +175,12 @@ def head_statistics_pallas(
             f"{v_min.shape} and {delta_z.shape}"
         )
     if blocks is None:
-        blocks = DEFAULT_PER_ACTION_BLOCKS if per_action else DEFAULT_HEAD_STAT_BLOCKS
+        if not per_action:
+            blocks = DEFAULT_HEAD_STAT_BLOCKS
+        elif a.dtype == jnp.bfloat16:
+            blocks = DEFAULT_PER_ACTION_BF16_BLOCKS
+        else:
+            blocks = DEFAULT_PER_ACTION_BLOCKS
     bm, bk, warps = HeadStatBlocks(*blocks)
     for v in (bm, bk):
         if v & (v - 1) or v < 16:
