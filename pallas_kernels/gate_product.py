@@ -68,7 +68,11 @@ class GateProductBlocks(tuple):
 
 
 DEFAULT_GATE_PRODUCT_BLOCKS = GateProductBlocks()
-# Both sources bfloat16 (acting's bfloat16 path): half the bytes a row, so a tile of its own.
+# Both sources bfloat16 (acting's bfloat16 path): a tiling of its own. (32, 64, 4) again: of
+# thirteen tilings at 65,536 rows on an H100 (bench/RESULTS.md, 2026-12-06) the fastest or within
+# the runs' spread at F = 768 (318.8 / 320.9 µs; (64, 128, 8) 301.2 / 356.0 / 374.1); at F = 256
+# with M5's term (16, 128, 4) was faster in both runs that had both (115.5 vs 175.7, 170.1 vs
+# 192.3 µs), a per-width tiling not yet measured in acting.
 DEFAULT_GATE_PRODUCT_BF16_BLOCKS = GateProductBlocks(32, 64, 4)
 
 

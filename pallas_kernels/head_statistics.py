@@ -81,7 +81,9 @@ DEFAULT_HEAD_STAT_BLOCKS = HeadStatBlocks()
 # (281 / 105 µs; (128, 64, 4) 287 / 109, (256, 32, 8) 323 / 112, (64, 32, 4) 414 / 139;
 # bench/RESULTS.md, 2026-12-06).
 DEFAULT_PER_ACTION_BLOCKS = HeadStatBlocks(128, 32, 4)
-# per_action=True with a bfloat16 ``a`` (acting's bfloat16 path): half the bytes of a row read.
+# per_action=True with a bfloat16 ``a`` (acting's bfloat16 path): (128, 32, 4) again, the
+# fastest of seven tilings at 65,536 rows × 3 and × 1 on an H100 within the spread (179.5 / 65.3
+# µs; (128, 64, 4) 178.0 / 84.8, (64, 32, 4) 195.1 / 73.5; bench/RESULTS.md, 2026-12-06).
 DEFAULT_PER_ACTION_BF16_BLOCKS = HeadStatBlocks(128, 32, 4)
 
 
