@@ -78,6 +78,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    if _SESSION not in config.stash:  # pytest_configure failed before it set the session up
+        return
     folder, owner, old = config.stash[_SESSION]
     for k, v in old.items():
         if v is None:
