@@ -32,6 +32,8 @@ from jaxdqn.agent.nstep import Transition
 from jaxdqn.agent.replay import make_prioritised_replay
 from jaxdqn.market import market as market_setup
 from jaxdqn.program.launch import runtime
+from jaxdqn.program.run import placement
+from jaxdqn.program.run.schedule import apply_schedule, schedule
 from jaxdqn.shards import Shards
 
 SMOKE = Path(__file__).resolve().parent.parent / "configs" / "smoke.yaml"
@@ -190,12 +192,24 @@ def per_shard_sampling():
 
 def data_parallel_iteration(prepared, iterations=3):
     """The sharded iteration, 2 seeds × 2 data devices: the per-device copies of every
-    replicated field stay identical, and the metrics are finite."""
-    cfg2 = config.load(SMOKE, ["train.num_seeds=2"])
-    layout = mesh.make_layout(2, "2x2", 4)
-    agent = build_agent(cfg2, prepared, layout.shards)
+    replicated field stay identical, and the metrics are finite.
+
+    Placed as a training places it (``placement.place``, the host schedule written and the
+    state put on the layout before each epoch): the same program, with the same argument
+    shardings, as ``python -m jaxdqn.train`` with ``train.mesh=2x2`` and 2 seeds, so that the
+    sharded kill −9 and resume of ``tests/test_scale.py`` (same module, run after this check)
+    loads it from the session's compilation cache instead of compiling it again."""
+    cfg2 = config.load(SMOKE, ["train.num_seeds=2", "train.mesh=2x2"])
+    placed = placement.place(cfg2, prepared, build_agent(cfg2, prepared))
+    assert placed.layout.seed == 2 and placed.layout.data == 2
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
-    state, history = run_layout(agent, layout, prepared, keys, iterations)
+    state = placed.init(placed.market, keys)
+    sched = schedule(0, 0, 0, cfg2.optim, cfg2.acting)
+    state = placed.put(apply_schedule(state, sched, placed.agent.dynamics, None))
+    history = []
+    for _ in range(iterations):
+        state, m = placed.iterate(state, placed.market)
+        history.append(jax.device_get(m))
     spread = 0.0
     for leaf in jax.tree.leaves((state.params, state.opt_state, state.dynamics)):
         by_seed = {}

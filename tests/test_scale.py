@@ -42,15 +42,11 @@ def _run_worker(*checks: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-# One worker process per group of checks (each compiles its own sharded and one-device
-# programs), so that no single test pays for all of them (2-core EPYC, in the full suite:
-# 66 s (population, every component off), 59 and 56 s, against 265 s for one process with
-# every check and every component on).
-GROUPS = (
-    ("population",),
-    ("data_parallel_step", "per_shard_sampling"),
-    ("data_parallel_iteration",),
-)
+# One worker process for every check: they all run on the same pytest-xdist worker (one
+# module), so separate processes would only add their start-ups (Python, JAX, the market) one
+# after another. The seed-population check runs with every component off (each device holds
+# whole agents: the check is about placement), the data-parallel ones with every component on.
+GROUPS = (("population", "data_parallel_step", "per_shard_sampling", "data_parallel_iteration"),)
 
 
 class _Worker:
