@@ -30,9 +30,9 @@ def _env(devices_flag: str = FOUR) -> dict:
     return env
 
 
-def _run_worker(*checks: str) -> dict:
+def _run_worker() -> dict:
     res = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "scale_worker.py"), *checks],
+        [sys.executable, str(ROOT / "tests" / "scale_worker.py")],
         env=_env(),
         capture_output=True,
         text=True,
@@ -42,30 +42,14 @@ def _run_worker(*checks: str) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-# One worker process for every check: they all run on the same pytest-xdist worker (one
-# module), so separate processes would only add their start-ups (Python, JAX, the market) one
-# after another. The seed-population check runs with every component off (each device holds
-# whole agents: the check is about placement), the data-parallel ones with every component on.
-GROUPS = (("population", "data_parallel_step", "per_shard_sampling", "data_parallel_iteration"),)
-
-
-class _Worker:
-    """``worker[check]``: that check's result, from its group's worker process, started the
-    first time one of the group's checks is asked for (``"devices"``: any group's count)."""
-
-    def __init__(self):
-        self.results: dict = {}
-
-    def __getitem__(self, name: str):
-        if name not in self.results:
-            group = next((g for g in GROUPS if name in g), GROUPS[0])
-            self.results.update(_run_worker(*group))
-        return self.results[name]
-
-
 @pytest.fixture(scope="module")
-def worker():
-    return _Worker()
+def worker() -> dict:
+    """Every check's result from one worker process (its checks: all of them). One process,
+    because the module runs on one pytest-xdist worker: separate processes would only add
+    their start-ups (Python, JAX, the market) one after another. The seed-population check runs
+    with every component off (each device holds whole agents: the check is about placement),
+    the data-parallel ones with every component on."""
+    return _run_worker()
 
 
 @pytest.mark.slow
