@@ -82,12 +82,13 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     ids=["m6_heads", "m3_m4_gated", "m6_m7_acting"],
 )
 def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fused_branches(
-    name, rule, default, choices
+    name, rule, default, choices, monkeypatch
 ):
     """kernels.heads (M6), kernels.gated (M3 + M4) and kernels.acting (M6 + M7 in acting): auto
-    is the measured default; the other choices need the fused branches (an error with
-    kernels.fused=reference, the default where kernels.fused=auto picks the per-branch modules:
-    the CPU)."""
+    is the measured default on the CPU (the GPU's is the next test's); the other choices need
+    the fused branches (an error with kernels.fused=reference, the default where kernels.fused=auto
+    picks the per-branch modules: the CPU)."""
+    monkeypatch.setattr("jax.default_backend", lambda: "cpu")
     for fused in ("auto", "fused", "reference"):
         assert rule("auto", fused) == rule(default, fused) == default
     for setting in choices:
@@ -102,18 +103,53 @@ def test_m6_m3_fused_kernel_settings_resolve_auto_to_the_default_and_need_the_fu
     assert getattr(resolve(cfg, _Market(_closes())), name) == default
 
 
+def test_m6_m7_m3_m4_auto_acts_per_action_through_the_gate_kernel_on_a_gpu(monkeypatch):
+    """On a GPU with the fused branches, kernels.acting auto = pallas (the heads per action with
+    M7 in their epilogue) and kernels.gated auto = gate beside it: the pair measured and
+    learning-checked together. Without the fused branches, on the CPU or where acting is set to
+    the reference, both stay the reference; a setting other than auto is kept."""
+    monkeypatch.setattr("jax.default_backend", lambda: "cpu")
+    assert (acting_kernels("auto", "fused"), gated_kernels("auto", "fused")) == (
+        "reference",
+        "reference",
+    )  # the CPU: no Triton
+    monkeypatch.setattr("jax.default_backend", lambda: "gpu")
+    for fused in ("auto", "fused"):
+        assert acting_kernels("auto", fused) == "pallas"
+        assert gated_kernels("auto", fused) == gated_kernels("auto", fused, "pallas") == "gate"
+        assert gated_kernels("auto", fused, "interpret") == "reference"  # not the GPU pair
+        assert gated_kernels("auto", fused, "reference") == "reference"
+        assert gated_kernels("pallas", fused, "auto") == "pallas"
+        assert acting_kernels("reference", fused) == "reference"
+    assert acting_kernels("auto", "reference") == gated_kernels("auto", "reference") == "reference"
+    r = resolve(Config(), _Market(_closes()))
+    assert (r.fused, r.acting, r.gated, r.acting_product) == (True, "pallas", "gate", "f32")
+    cfg = Config()
+    kernels = dataclasses.replace(cfg.kernels, acting_product="bf16")
+    r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
+    assert (r.acting, r.gated, r.acting_product) == ("pallas", "gate", "bf16")
+    monkeypatch.setattr("jax.default_backend", lambda: "tpu")
+    assert (acting_kernels("auto", "fused"), gated_kernels("auto", "fused")) == (
+        "reference",
+        "reference",
+    )
+
+
 def test_m3_m4_acting_product_bf16_needs_the_acting_and_gate_kernels():
     """kernels.acting_product=bf16 is the product acting's gate kernel reads: with both kernels
     asked for it resolves as set (also where they resolve to the reference: nothing reads it
     there); without either it is an error naming both settings; f32 goes with anything."""
     assert acting_product("bf16", "pallas", "gate") == "bf16"
     assert acting_product("bf16", "interpret", "gate_interpret") == "bf16"
-    for acting, gated in (("auto", "gate"), ("pallas", "pallas"), ("reference", "auto")):
+    assert (
+        acting_product("bf16", "auto", "auto") == acting_product("bf16", "auto", "gate") == "bf16"
+    )
+    for acting, gated in (("reference", "gate"), ("pallas", "pallas"), ("reference", "auto")):
         assert acting_product("f32", acting, gated) == "f32"
         with pytest.raises(ConfigError, match=f"kernels.acting={acting} and kernels.gated={gated}"):
             acting_product("bf16", acting, gated)
     cfg = Config()
-    kernels = dataclasses.replace(cfg.kernels, acting_product="bf16")
+    kernels = dataclasses.replace(cfg.kernels, acting_product="bf16", gated="reference")
     with pytest.raises(ConfigError, match=r"kernels\.acting_product=bf16"):
         resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
     kernels = dataclasses.replace(kernels, fused="fused", acting="pallas", gated="gate")

@@ -12,6 +12,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`fused_kernels`: ``kernels.fused`` on this backend;
 * :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
 * :func:`statistics_kernels`: ``kernels.statistics``;
+* :func:`triton_kernels`: whether ``auto`` may pick a Triton kernel (a GPU, the fused branches);
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`acting_kernels`: ``kernels.acting`` (likewise);
 * :func:`acting_product`: ``kernels.acting_product`` (only with the kernels that read it);
@@ -47,6 +48,7 @@ __all__ = [
     "replay_weighting",
     "resolve",
     "reward_units",
+    "triton_kernels",
 ]
 
 
@@ -204,50 +206,64 @@ def _fused_setting(name: str, setting: str, default: str, fused_setting: str) ->
     return setting
 
 
-def gated_kernels(setting: str, fused_setting: str) -> str:
-    """``kernels.gated`` resolved against ``kernels.fused`` (its setting, not its resolution):
-    ``auto`` = ``reference`` (the measured default: ``pallas``'s Triton GEMM lost alone and
-    made acting slower, 0.85× on an H100; ``gate`` with ``kernels.acting=pallas`` made acting
-    1.14× faster than that alone on an H100, but has no learning check yet, bench/RESULTS.md).
-    Where ``kernels.fused=auto`` resolves to the per-branch modules (the CPU) every setting
+def triton_kernels(fused_setting: str) -> bool:
+    """Whether a kernel setting's ``auto`` may pick a Triton kernel: JAX runs on a GPU
+    (``jax.default_backend()``) and ``kernels.fused`` resolves to the fused branches, the only
+    form those kernels compute."""
+    return fused_kernels(fused_setting) and jax.default_backend() == "gpu"
+
+
+def gated_kernels(setting: str, fused_setting: str, acting_setting: str = "auto") -> str:
+    """``kernels.gated`` resolved against ``kernels.fused`` (its setting, not its resolution)
+    and ``kernels.acting``: ``auto`` = ``gate`` where acting resolves to its ``pallas`` kernel
+    (:func:`acting_kernels`; the pair was measured and learning-checked together: acting
+    2.5-3.3x faster at 65,536 rows and a 16-member population's iteration -36.5 % on an H100,
+    B 94.0 / 96.1 % of the oracle on seeds 0-4 / 5-9, bench/RESULTS.md), else ``reference``
+    (``pallas``'s Triton GEMM lost alone and made acting slower, 0.85x on an H100). Where
+    ``kernels.fused=auto`` resolves to the per-branch modules (the CPU) every setting
     resolves to ``reference``, as for :func:`head_kernels`.
 
     Raises:
       ConfigError: any kernel setting with ``kernels.fused=reference``.
     """
-    return _fused_setting("gated", setting, "reference", fused_setting)
+    paired = setting == "auto" and acting_kernels(acting_setting, fused_setting) == "pallas"
+    return _fused_setting("gated", setting, "gate" if paired else "reference", fused_setting)
 
 
 def acting_kernels(setting: str, fused_setting: str) -> str:
     """``kernels.acting`` resolved against ``kernels.fused`` (its setting, not its resolution):
-    ``auto`` = ``reference``: the kernel made acting 1.22× faster on the H200, but its one
-    learning check (B, 93.4 % of the oracle) fell below the 95 % a default needs
-    (bench/RESULTS.md); ``reference`` without the fused branches, as for :func:`head_kernels`.
+    ``auto`` = ``pallas`` on a GPU with the fused branches (:func:`triton_kernels`; the heads
+    per action with M7 in their epilogue, with ``kernels.gated`` ``auto`` = ``gate`` beside
+    it, measured and learning-checked as that pair, see :func:`gated_kernels`), else
+    ``reference``; ``reference`` without the fused branches, as for :func:`head_kernels`.
 
     Raises:
       ConfigError: ``pallas`` or ``interpret`` with ``kernels.fused=reference``.
     """
-    return _fused_setting("acting", setting, "reference", fused_setting)
+    default = "pallas" if setting == "auto" and triton_kernels(fused_setting) else "reference"
+    return _fused_setting("acting", setting, default, fused_setting)
 
 
 def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str:
     """``kernels.acting_product``, checked against the settings (not the resolutions) of
     ``kernels.acting`` and ``kernels.gated``: ``bf16`` changes only the product that acting's
-    gate kernel reads, so it needs both kernels asked for (on a machine where they resolve to
-    the reference, as the CPU's per-branch modules, it then changes nothing).
+    gate kernel reads, so it needs both kernels asked for, by name or by ``auto`` (on a
+    machine where they resolve to the reference, as the CPU's per-branch modules, it then
+    changes nothing).
 
     Raises:
-      ConfigError: ``bf16`` without ``kernels.acting`` pallas | interpret and ``kernels.gated``
-        gate | gate_interpret.
+      ConfigError: ``bf16`` without ``kernels.acting`` auto | pallas | interpret and
+        ``kernels.gated`` auto | gate | gate_interpret.
     """
     if setting == "bf16" and (
-        acting_setting not in ("pallas", "interpret")
-        or gated_setting not in ("gate", "gate_interpret")
+        acting_setting not in ("auto", "pallas", "interpret")
+        or gated_setting not in ("auto", "gate", "gate_interpret")
     ):
         raise ConfigError(
             "kernels.acting_product=bf16 is the product acting's gate kernel reads: it needs "
-            "kernels.acting=pallas (or interpret) and kernels.gated=gate (or gate_interpret), "
-            f"got kernels.acting={acting_setting} and kernels.gated={gated_setting}"
+            "kernels.acting=auto, pallas or interpret and kernels.gated=auto, gate or "
+            f"gate_interpret, got kernels.acting={acting_setting} and "
+            f"kernels.gated={gated_setting}"
         )
     return setting
 
@@ -322,7 +338,7 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         fused=fused,
         heads=head_kernels(cfg.kernels.heads, cfg.kernels.fused),
         statistics=statistics_kernels(cfg.kernels.statistics),
-        gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused),
+        gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused, cfg.kernels.acting),
         acting=acting_kernels(cfg.kernels.acting, cfg.kernels.fused),
         acting_product=acting_product(
             cfg.kernels.acting_product, cfg.kernels.acting, cfg.kernels.gated
