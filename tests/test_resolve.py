@@ -41,7 +41,8 @@ def test_l8_prioritised_off_is_alpha_zero_and_unit_weights():
     assert replay_weighting(ReplayConfig(prioritised=True, priority_alpha=0.7)) == (0.7, True)
 
 
-def test_a3_resolve_puts_every_reward_unit_threshold_in_q_units_once():
+def test_a3_resolve_puts_every_reward_unit_threshold_in_q_units_once(monkeypatch):
+    monkeypatch.setattr("jax.default_backend", lambda: "cpu")  # the kernel rows below: the CPU's
     cfg = Config()
     cfg = dataclasses.replace(
         cfg,
