@@ -13,6 +13,7 @@ from jaxdqn.agent.resolve import (
     gated_kernels,
     head_kernels,
     in_q_units,
+    kernel_choices,
     make_device_config,
     replay_weighting,
     resolve,
@@ -176,3 +177,36 @@ def test_m1_m2_acting_activations_bf16_needs_the_bfloat16_product():
     r = resolve(dataclasses.replace(cfg, kernels=kernels), _Market(_closes()))
     assert (r.acting_product, r.acting_activations) == ("bf16", "bf16")
     assert resolve(cfg, _Market(_closes())).acting_activations == "f32"
+
+
+def test_m6_m3_p1_kernel_choices_name_what_resolve_runs_on_this_backend(monkeypatch):
+    """kernel_choices (a run's provenance) gives the same answers as resolve, by name: the
+    CPU's per-branch modules and references, a GPU's per-action acting through the gate
+    kernel; a bad combination is the rules' error."""
+    monkeypatch.setattr("jax.default_backend", lambda: "cpu")
+    cpu = kernel_choices(Config())
+    assert cpu == {
+        "fused": "per_branch",
+        "heads": "blockdiag",
+        "statistics": "reference",
+        "gated": "reference",
+        "acting": "reference",
+        "acting_product": "f32",
+        "acting_activations": "f32",
+        "projection": "reference",
+    }
+    monkeypatch.setattr("jax.default_backend", lambda: "gpu")
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    gpu, r = kernel_choices(cfg), resolve(cfg, _Market(_closes()))
+    assert gpu == {
+        **cpu,
+        "fused": "fused",
+        "gated": "gate",
+        "acting": "pallas",
+        "projection": "pallas",
+    }
+    assert (r.fused, r.gated, r.acting, r.projection.backend) == (True, "gate", "pallas", "pallas")
+    kernels = dataclasses.replace(cfg.kernels, acting="reference", acting_product="bf16")
+    with pytest.raises(ConfigError, match=r"kernels\.acting_product=bf16"):
+        kernel_choices(dataclasses.replace(cfg, kernels=kernels))

@@ -143,6 +143,9 @@ def test_o6_resume_after_sigkill_is_byte_identical_to_the_uninterrupted_run(full
     keys = ("jax", "jaxlib", "device_kind", "xla_flags", "compile_cache", "config_sha256")
     for key in (*keys, "git_commit"):
         assert key in a["provenance"]
+    assert a["provenance"]["kernels"] == b["provenance"]["kernels"]
+    assert "fused=per_branch " in a["provenance"]["kernels"]  # the CPU
+    assert " acting=reference " in a["provenance"]["kernels"]
     assert a["provenance"]["config_sha256"] == b["provenance"]["config_sha256"]
 
 

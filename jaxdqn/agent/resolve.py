@@ -18,7 +18,8 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`acting_product`: ``kernels.acting_product`` (only with the kernels that read it);
 * :func:`acting_activations`: ``kernels.acting_activations`` (only with that product);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
-  ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built.
+  ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built;
+* :func:`kernel_choices`: every kernel rule's answer, by name (a run's provenance).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "fused_kernels",
     "gated_kernels",
     "in_q_units",
+    "kernel_choices",
     "make_device_config",
     "projection_backend",
     "projection_fallback",
@@ -317,14 +319,37 @@ def projection_fallback(backend: str) -> str:
     return "dense" if backend in ("pallas", "dense") else "reference"
 
 
+def kernel_choices(cfg: Config) -> dict[str, str]:
+    """What each kernel setting runs on this machine, by the rules above: ``fused``
+    (``fused`` | ``per_branch``), ``heads``, ``statistics``, ``gated``, ``acting``,
+    ``acting_product``, ``acting_activations`` and P1's ``projection``. A run records them
+    in its provenance (:mod:`jaxdqn.program.records.provenance`): ``auto`` runs other
+    kernels on a GPU than on the CPU.
+
+    Raises:
+      ConfigError: as the rules do.
+    """
+    k = cfg.kernels
+    return {
+        "fused": "fused" if fused_kernels(k.fused) else "per_branch",
+        "heads": head_kernels(k.heads, k.fused),
+        "statistics": statistics_kernels(k.statistics),
+        "gated": gated_kernels(k.gated, k.fused, k.acting),
+        "acting": acting_kernels(k.acting, k.fused),
+        "acting_product": acting_product(k.acting_product, k.acting, k.gated),
+        "acting_activations": acting_activations(k.acting_activations, k.acting_product),
+        "projection": projection_backend(k.projection, cfg.train.deterministic),
+    }
+
+
 def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
     """Every decision for ``cfg`` on ``market`` (its train split) with the agent split over
     ``shards``; each by the one function above that owns its rule."""
     device_cfg = make_device_config(cfg, shards.count)
     scale, unit = reward_units(cfg.loss.reward_scale, market.train_closes())
     alpha, weighted = replay_weighting(cfg.replay)
-    backend = projection_backend(cfg.kernels.projection, cfg.train.deterministic)
-    fused = fused_kernels(cfg.kernels.fused)
+    kernels = kernel_choices(cfg)  # the rest are Resolved's fields of the same names
+    fused, backend = kernels.pop("fused") == "fused", kernels.pop("projection")
     return Resolved(
         cfg=device_cfg,
         learning_starts=cfg.replay.learning_starts,
@@ -336,15 +361,6 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
         replay_alpha=alpha,
         importance_weights=weighted,
         fused=fused,
-        heads=head_kernels(cfg.kernels.heads, cfg.kernels.fused),
-        statistics=statistics_kernels(cfg.kernels.statistics),
-        gated=gated_kernels(cfg.kernels.gated, cfg.kernels.fused, cfg.kernels.acting),
-        acting=acting_kernels(cfg.kernels.acting, cfg.kernels.fused),
-        acting_product=acting_product(
-            cfg.kernels.acting_product, cfg.kernels.acting, cfg.kernels.gated
-        ),
-        acting_activations=acting_activations(
-            cfg.kernels.acting_activations, cfg.kernels.acting_product
-        ),
         projection=Projection(backend, projection_fallback(backend)),
+        **kernels,
     )

@@ -3,7 +3,10 @@
 The code (git commit of the package's checkout, ``+dirty`` with uncommitted changes; None
 outside a git checkout), the software (Python, jax, jaxlib), the hardware (platform, device
 kind and count, processes), the ``XLA_FLAGS`` the process ran with, the compilation cache
-folder (None when off), the seed, ``train.deterministic`` and the SHA-256 of the run's
+folder (None when off), what the kernel settings resolved to on this machine
+(:func:`jaxdqn.agent.resolve.kernel_choices`: the fused branches, heads, statistics, gated
+path, acting, acting's product and activations, P1's projection; ``auto`` picks other kernels
+on a GPU than on the CPU), the seed, ``train.deterministic`` and the SHA-256 of the run's
 ``config.yaml``. With the same code, software, hardware, flags and config, a run with
 ``train.deterministic`` repeats bit for bit on the CPU; on a GPU also with the same
 compilation cache folder, which holds XLA's autotuning choices (JAX keeps its per-fusion
@@ -22,6 +25,7 @@ from typing import Any
 
 import jax
 
+from jaxdqn.agent.resolve import kernel_choices
 from jaxdqn.config import Config
 
 __all__ = ["git_commit", "provenance"]
@@ -65,6 +69,7 @@ def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "compile_cache": jax.config.jax_compilation_cache_dir,
+        "kernels": " ".join(f"{k}={v}" for k, v in kernel_choices(cfg).items()),
         "seed": cfg.seed,
         "deterministic": cfg.train.deterministic,
         "config_sha256": digest,
