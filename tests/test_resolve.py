@@ -13,10 +13,10 @@ from jaxdqn.agent.resolve import (
     gated_kernels,
     head_kernels,
     in_q_units,
-    kernel_choices,
     make_device_config,
     replay_weighting,
     resolve,
+    resolve_kernels,
     reward_units,
 )
 from jaxdqn.config import Config, ConfigError, ReplayConfig
@@ -179,12 +179,12 @@ def test_m1_m2_acting_activations_bf16_needs_the_bfloat16_product():
     assert resolve(cfg, _Market(_closes())).acting_activations == "f32"
 
 
-def test_m6_m3_p1_kernel_choices_name_what_resolve_runs_on_this_backend(monkeypatch):
-    """kernel_choices (a run's provenance) gives the same answers as resolve, by name: the
+def test_m6_m3_p1_resolve_kernels_names_what_resolve_runs_on_this_backend(monkeypatch):
+    """resolve_kernels (a run's provenance) gives the same answers as resolve, by name: the
     CPU's per-branch modules and references, a GPU's per-action acting through the gate
     kernel; a bad combination is the rules' error."""
     monkeypatch.setattr("jax.default_backend", lambda: "cpu")
-    cpu = kernel_choices(Config())
+    cpu = resolve_kernels(Config())
     assert cpu == {
         "fused": "per_branch",
         "heads": "blockdiag",
@@ -198,7 +198,7 @@ def test_m6_m3_p1_kernel_choices_name_what_resolve_runs_on_this_backend(monkeypa
     monkeypatch.setattr("jax.default_backend", lambda: "gpu")
     cfg = Config()
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
-    gpu, r = kernel_choices(cfg), resolve(cfg, _Market(_closes()))
+    gpu, r = resolve_kernels(cfg), resolve(cfg, _Market(_closes()))
     assert gpu == {
         **cpu,
         "fused": "fused",
@@ -209,4 +209,4 @@ def test_m6_m3_p1_kernel_choices_name_what_resolve_runs_on_this_backend(monkeypa
     assert (r.fused, r.gated, r.acting, r.projection.backend) == (True, "gate", "pallas", "pallas")
     kernels = dataclasses.replace(cfg.kernels, acting="reference", acting_product="bf16")
     with pytest.raises(ConfigError, match=r"kernels\.acting_product=bf16"):
-        kernel_choices(dataclasses.replace(cfg, kernels=kernels))
+        resolve_kernels(dataclasses.replace(cfg, kernels=kernels))

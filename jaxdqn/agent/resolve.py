@@ -19,7 +19,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`acting_activations`: ``kernels.acting_activations`` (only with that product);
 * :func:`projection_backend` and :func:`projection_fallback`: P1's implementation under
   ``train.deterministic`` (D1) and what runs where the Pallas kernel cannot be built;
-* :func:`kernel_choices`: every kernel rule's answer, by name (a run's provenance).
+* :func:`resolve_kernels`: every kernel rule's answer, by name (a run's provenance).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ __all__ = [
     "fused_kernels",
     "gated_kernels",
     "in_q_units",
-    "kernel_choices",
     "make_device_config",
     "projection_backend",
     "projection_fallback",
     "replay_weighting",
     "resolve",
+    "resolve_kernels",
     "reward_units",
     "triton_kernels",
 ]
@@ -319,7 +319,7 @@ def projection_fallback(backend: str) -> str:
     return "dense" if backend in ("pallas", "dense") else "reference"
 
 
-def kernel_choices(cfg: Config) -> dict[str, str]:
+def resolve_kernels(cfg: Config) -> dict[str, str]:
     """What each kernel setting runs on this machine, by the rules above: ``fused``
     (``fused`` | ``per_branch``), ``heads``, ``statistics``, ``gated``, ``acting``,
     ``acting_product``, ``acting_activations`` and P1's ``projection``. A run records them
@@ -348,7 +348,7 @@ def resolve(cfg: Config, market: Any, shards: Shards = ONE_DEVICE) -> Resolved:
     device_cfg = make_device_config(cfg, shards.count)
     scale, unit = reward_units(cfg.loss.reward_scale, market.train_closes())
     alpha, weighted = replay_weighting(cfg.replay)
-    kernels = kernel_choices(cfg)  # the rest are Resolved's fields of the same names
+    kernels = resolve_kernels(cfg)  # the rest are Resolved's fields of the same names
     fused, backend = kernels.pop("fused") == "fused", kernels.pop("projection")
     return Resolved(
         cfg=device_cfg,

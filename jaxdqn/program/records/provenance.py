@@ -4,7 +4,7 @@ The code (git commit of the package's checkout, ``+dirty`` with uncommitted chan
 outside a git checkout), the software (Python, jax, jaxlib), the hardware (platform, device
 kind and count, processes), the ``XLA_FLAGS`` the process ran with, the compilation cache
 folder (None when off), what the kernel settings resolved to on this machine
-(:func:`jaxdqn.agent.resolve.kernel_choices`: the fused branches, heads, statistics, gated
+(:func:`jaxdqn.agent.resolve.resolve_kernels`: the fused branches, heads, statistics, gated
 path, acting, acting's product and activations, P1's projection; ``auto`` picks other kernels
 on a GPU than on the CPU), the seed, ``train.deterministic`` and the SHA-256 of the run's
 ``config.yaml``. With the same code, software, hardware, flags and config, a run with
@@ -25,7 +25,7 @@ from typing import Any
 
 import jax
 
-from jaxdqn.agent.resolve import kernel_choices
+from jaxdqn.agent.resolve import resolve_kernels
 from jaxdqn.config import Config
 
 __all__ = ["git_commit", "provenance"]
@@ -69,7 +69,7 @@ def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "compile_cache": jax.config.jax_compilation_cache_dir,
-        "kernels": " ".join(f"{k}={v}" for k, v in kernel_choices(cfg).items()),
+        "kernels": " ".join(f"{k}={v}" for k, v in resolve_kernels(cfg).items()),
         "seed": cfg.seed,
         "deterministic": cfg.train.deterministic,
         "config_sha256": digest,
