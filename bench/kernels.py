@@ -39,6 +39,7 @@ from pallas_kernels import (
     kan_gate,
     kan_gate_reference,
 )
+from pallas_kernels.projection import c51_project_pallas
 
 N_ATOMS = 51
 
@@ -192,6 +193,7 @@ def main(argv=None):
     ap.add_argument("--sweep-p2", action="store_true", help="also sweep KAN tilings")
     ap.add_argument("--only-p1", action="store_true", help="copy bandwidth and P1 rows only")
     ap.add_argument("--only-m7", action="store_true", help="copy bandwidth and M7 rows only")
+    ap.add_argument("--p1-rows", default=None, help="P1 sizes, comma list (4096,...,262144)")
     args = ap.parse_args(argv)
     smoke = args.smoke
     backend = "interpret" if smoke else "pallas"
@@ -243,8 +245,12 @@ def main(argv=None):
     # -- P1
     # 16,384 rows = the learner's B·4 at B = 4,096
     p1_sizes = [] if args.only_m7 else [40] if smoke else [4096, 16384, 65536, 262144]
+    if args.p1_rows and not args.only_m7:
+        p1_sizes = [int(r) for r in args.p1_rows.split(",")]
     p1_configs = [(16, 4)] if smoke else [(32, 4), (16, 2), (64, 4)]
     best_p1 = p1_configs[0]
+    # the dense pull in registers (c51_project_pallas(method='hat')): rows x warps
+    p1_hat_configs = [(4, 4)] if smoke else [(2, 2), (4, 4), (8, 4), (8, 8), (16, 8)]
     for rows in p1_sizes:
         nbytes = 3 * rows * N_ATOMS * 4
         k_sets = n_sets(nbytes)
@@ -308,6 +314,28 @@ def main(argv=None):
             rlax_sec,
             err=rel(fn(*sets[0]), want),
         )
+        for br, nw in p1_hat_configs:
+            hat = jax.jit(
+                lambda p, z, vm, dz, br=br, nw=nw: c51_project_pallas(
+                    p,
+                    z,
+                    vm.reshape(1),
+                    dz.reshape(1),
+                    block_rows=br,
+                    num_warps=nw,
+                    interpret=smoke,
+                    method="hat",
+                )
+            )
+            record(
+                "P1",
+                f"Pallas hat (rows={br}, warps={nw})",
+                f"R={rows}",
+                time_op(hat, sets, reps),
+                nbytes,
+                rlax_sec,
+                err=rel(hat(*sets[0]), want),
+            )
         del sets
 
     best = None

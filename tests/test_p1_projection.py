@@ -218,3 +218,34 @@ def test_p1_backends_agree_and_bad_backend_fails(backend):
         c51_project(probs, atoms, v_min, delta_z, backend="cuda")
     with pytest.raises(ValueError, match="shape"):
         c51_project(probs, atoms[:, :-1], v_min, delta_z)
+
+
+def test_p1_hat_kernel_matches_float64_on_learner_unsorted_and_edge_rows():
+    """``method="hat"``: the dense pull in registers gives the float64 projection on learner
+    rows, unsorted and arbitrary atoms, clipped and terminal rows and a per-row support, and
+    writes every output (poisoned buffer)."""
+    rng = _rng()
+    probs, atoms, v_min, delta_z = learner_batch(rng, 3 * BLOCK + 5)
+    atoms[::4] = rng.permuted(atoms[::4], axis=1)
+    atoms[1::4] = rng.uniform(-14.0, 14.0, atoms[1::4].shape).astype(np.float32)
+    atoms[2] = v_min - 50.0  # everything clipped to v_min
+    atoms[3] = 0.3  # terminal: all sources at one position
+    v_rows = rng.uniform(-12.0, -8.0, probs.shape[0]).astype(np.float32)
+    for vm in (np.full((1,), v_min, np.float32), v_rows):
+        poison = jnp.full(probs.shape, jnp.nan, jnp.float32)
+        got = c51_project_pallas(
+            jnp.asarray(probs),
+            jnp.asarray(atoms),
+            jnp.asarray(vm),
+            jnp.full(vm.shape, delta_z),
+            interpret=BACKEND != "pallas",
+            block_rows=4,
+            out=poison,
+            method="hat",
+        )
+        assert bool(jnp.all(jnp.isfinite(got)))
+        assert rel_err(got, project64(probs, atoms, vm if vm.size > 1 else v_min, delta_z)) <= 1e-5
+    with pytest.raises(ValueError, match="method"):
+        c51_project_pallas(
+            jnp.asarray(probs), jnp.asarray(atoms), jnp.ones(1), jnp.ones(1), method="scatter"
+        )
