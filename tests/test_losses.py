@@ -334,7 +334,8 @@ def test_l3_bound_make_loss_spread_gradient_is_the_same_under_any_support_scale(
         loss = L.make_loss(lc, _MODEL_CFG, model, max_gap=lc.spread_max_gap * _UNIT * c)
         scaled = inputs._replace(v_min=jnp.float32(-1.0 * c), delta_z=jnp.float32(0.2 * c))
         k = loss.coefficients
-        grads.append(jax.grad(lambda p, x=scaled, fn=loss.loss, k=k: fn(p, x, k)[1].spread)(params))
+        spread = jax.jit(jax.grad(lambda p, x, fn=loss.loss, k=k: fn(p, x, k)[1].spread))
+        grads.append(spread(params, scaled))
     g_main = [jax.tree.leaves(g["main"]) for g in grads]
     assert max(float(jnp.abs(x).max()) for x in g_main[0]) > 0  # the push is not gated off
     for other in g_main[1:]:
