@@ -46,6 +46,9 @@ __all__ = ["c51_project", "c51_project_dense", "c51_project_pallas", "c51_projec
 
 DEFAULT_BLOCK_ROWS = 32
 DEFAULT_NUM_WARPS = 4
+# the hat kernel's tile is block_rows x 64 x 64: few rows a program (a guess until measured)
+HAT_BLOCK_ROWS = 4
+HAT_NUM_WARPS = 4
 WINDOW = 7  # sources a lane reads: 2 guards + 5 candidates (≤ 4 sources at γ ≥ 1/2, ±1 slack)
 
 
@@ -301,8 +304,8 @@ def c51_project_pallas(
     )(*args)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _project(p, z, v_min, delta_z, mode, block_rows, num_warps):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _project(p, z, v_min, delta_z, mode, block_rows, num_warps, method):
     if mode in ("reference", "dense"):
         fn = c51_project_reference if mode == "reference" else c51_project_dense
         return fn(
@@ -316,18 +319,19 @@ def _project(p, z, v_min, delta_z, mode, block_rows, num_warps):
         interpret=mode == "interpret",
         block_rows=block_rows,
         num_warps=num_warps,
+        method=method,
     )
     return out.astype(p.dtype)
 
 
-def _project_fwd(p, z, v_min, delta_z, mode, block_rows, num_warps):
-    out = _project(p, z, v_min, delta_z, mode, block_rows, num_warps)
+def _project_fwd(p, z, v_min, delta_z, mode, block_rows, num_warps, method):
+    out = _project(p, z, v_min, delta_z, mode, block_rows, num_warps, method)
     return out, (z, v_min, delta_z)
 
 
-def _project_bwd(mode, block_rows, num_warps, res, g):
+def _project_bwd(mode, block_rows, num_warps, method, res, g):
     """d/dp_j = Σ_i g_i·max(0, 1 − |b_j − i|) = (1 − f_j)·g[⌊b_j⌋] + f_j·g[⌊b_j⌋ + 1]."""
-    del mode, block_rows, num_warps
+    del mode, block_rows, num_warps, method
     z, v_min, delta_z = res
     n = z.shape[-1]
     vm = v_min[:, None] if v_min.size > 1 else v_min[0]
@@ -345,14 +349,16 @@ def _project_bwd(mode, block_rows, num_warps, res, g):
 _project.defvjp(_project_fwd, _project_bwd)
 
 
-def _build_probe(n: int, per_row: bool, block_rows: int, num_warps: int):
+def _build_probe(n: int, per_row: bool, block_rows: int, num_warps: int, method: str):
     rows = 2 * block_rows + 3  # two full blocks and a ragged one
 
     def build():
         f32 = jax.ShapeDtypeStruct
         vshape = (rows,) if per_row else (1,)
         fn = jax.jit(
-            functools.partial(c51_project_pallas, block_rows=block_rows, num_warps=num_warps)
+            functools.partial(
+                c51_project_pallas, block_rows=block_rows, num_warps=num_warps, method=method
+            )
         )
         compiled = fn.lower(
             f32((rows, n), jnp.float32),
@@ -379,15 +385,17 @@ def c51_project(
     delta_z: jax.Array | float,
     *,
     backend: str = "auto",
-    block_rows: int = DEFAULT_BLOCK_ROWS,
-    num_warps: int = DEFAULT_NUM_WARPS,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
     fallback: str = "reference",
 ) -> jax.Array:
     """Categorical (C51) projection; arguments and result as `c51_project_reference`.
 
-    backend: "auto" (Pallas on GPU, reference elsewhere), "pallas", "interpret" (the kernel
-    under the Pallas interpreter, for CPU tests), "reference" (jnp scatter-add) or "dense"
-    (:func:`c51_project_dense`, a jnp pull: no scatter, deterministic on GPUs). The Pallas
+    backend: "auto" (Pallas on GPU, reference elsewhere), "pallas", "interpret" (the window
+    kernel under the Pallas interpreter, for CPU tests), "hat" / "hat_interpret" (the dense
+    pull in registers, :func:`_c51_hat_kernel`, compiled / interpreted), "reference" (jnp
+    scatter-add) or "dense" (:func:`c51_project_dense`, a jnp pull: no scatter, deterministic
+    on GPUs). block_rows, num_warps: the Pallas tiling (None: the method's default). The Pallas
     paths compute in float32. Differentiable through a custom_vjp: the exact gradient w.r.t.
     probs (the projection is linear in it) and zeros w.r.t. src_atoms, v_min and delta_z, so a
     stray jax.grad through a target works instead of failing to linearise the kernel.
@@ -397,7 +405,16 @@ def c51_project(
     probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
     if fallback not in ("reference", "dense"):
         raise ValueError(f"c51_project: fallback must be reference or dense, got {fallback!r}")
-    mode = "dense" if backend == "dense" else _backend.resolve(backend, "c51_project")
+    method = "hat" if backend in ("hat", "hat_interpret") else "window"
+    if backend == "dense":
+        mode = "dense"
+    elif method == "hat":
+        mode = "pallas" if backend == "hat" else "interpret"
+    else:
+        mode = _backend.resolve(backend, "c51_project")
+    hat = method == "hat"
+    block_rows = block_rows or (HAT_BLOCK_ROWS if hat else DEFAULT_BLOCK_ROWS)
+    num_warps = num_warps or (HAT_NUM_WARPS if hat else DEFAULT_NUM_WARPS)
     shape = probs.shape
     n = shape[-1]
     p = probs.reshape(-1, n)
@@ -409,7 +426,8 @@ def c51_project(
     else:
         v_min, delta_z = v_min.reshape(1), delta_z.reshape(1)
     if mode == "pallas":
-        key = ("c51_project", n, per_row, block_rows, num_warps)
-        if not _backend.kernel_available(key, _build_probe(n, per_row, block_rows, num_warps)):
+        key = ("c51_project", n, per_row, block_rows, num_warps, method)
+        probe = _build_probe(n, per_row, block_rows, num_warps, method)
+        if not _backend.kernel_available(key, probe):
             mode = fallback
-    return _project(p, z, v_min, delta_z, mode, block_rows, num_warps).reshape(shape)
+    return _project(p, z, v_min, delta_z, mode, block_rows, num_warps, method).reshape(shape)

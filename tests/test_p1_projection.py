@@ -249,3 +249,21 @@ def test_p1_hat_kernel_matches_float64_on_learner_unsorted_and_edge_rows():
         c51_project_pallas(
             jnp.asarray(probs), jnp.asarray(atoms), jnp.ones(1), jnp.ones(1), method="scatter"
         )
+
+
+def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
+    """``c51_project(backend="hat")`` (``hat_interpret`` on the CPU; ``kernels.projection``'s
+    settings): the float64 projection and, through the custom VJP, the reference's gradient
+    w.r.t. probs; the compiled kernel must not fall back."""
+    backend = "hat" if BACKEND == "pallas" else "hat_interpret"
+    rng = _rng()
+    probs, atoms, v_min, delta_z = learner_batch(rng, 2 * BLOCK + 5)
+    got = c51_project(probs, atoms, v_min, delta_z, backend=backend)
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    if BACKEND == "pallas":
+        assert not [k for k in fallbacks() if k[0] == "c51_project" and k[-1] == "hat"]
+    weights = jnp.asarray(rng.normal(size=probs.shape), jnp.float32)
+    grad = lambda **kw: jax.grad(
+        lambda p: jnp.sum(weights * c51_project(p, atoms, v_min, delta_z, **kw))
+    )(jnp.asarray(probs))
+    np.testing.assert_allclose(grad(backend=backend), grad(backend="reference"), atol=1e-6)

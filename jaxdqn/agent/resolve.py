@@ -316,7 +316,7 @@ def projection_fallback(backend: str) -> str:
     """What runs where the Pallas kernel cannot be built: a pull backend falls back to the
     other pull (``dense``: no scatter), never to the scatter-add, so a deterministic choice
     stays deterministic."""
-    return "dense" if backend in ("pallas", "dense") else "reference"
+    return "dense" if backend in ("pallas", "dense", "hat") else "reference"
 
 
 def resolve_kernels(cfg: Config) -> dict[str, str]:

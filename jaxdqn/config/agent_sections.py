@@ -201,8 +201,11 @@ class KernelsConfig:
         "on the H200, bench/RESULTS.md; its float adds land in a varying order on a GPU), "
         "dense = jnp pull (one writer per output: deterministic), pallas | interpret = the "
         "Triton pull kernel (deterministic; falls back to dense where it cannot be built), "
-        "auto = pallas on accelerators with train.deterministic, else reference",
-        choices=("auto", "reference", "dense", "pallas", "interpret"),
+        "hat | hat_interpret = the Triton dense pull in registers (every source against every "
+        "destination atom in a register tile: no gathers; deterministic; built 2026-12-06, not "
+        "yet measured on a GPU), auto = pallas on accelerators with train.deterministic, else "
+        "reference",
+        choices=("auto", "reference", "dense", "pallas", "interpret", "hat", "hat_interpret"),
     )
     kan: str = _f("auto", "P2: KAN spline gate (M4)", choices=BACKENDS)
     fused: str = _f(
