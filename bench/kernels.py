@@ -39,7 +39,6 @@ from pallas_kernels import (
     kan_gate,
     kan_gate_reference,
 )
-from pallas_kernels.projection import c51_project_pallas
 
 N_ATOMS = 51
 
@@ -249,7 +248,7 @@ def main(argv=None):
         p1_sizes = [int(r) for r in args.p1_rows.split(",")]
     p1_configs = [(16, 4)] if smoke else [(32, 4), (16, 2), (64, 4)]
     best_p1 = p1_configs[0]
-    # the dense pull in registers (c51_project_pallas(method='hat')): rows x warps
+    # the dense pull in registers (c51_project(backend='hat')): rows x warps
     p1_hat_configs = [(4, 4)] if smoke else [(2, 2), (4, 4), (8, 4), (8, 8), (16, 8)]
     for rows in p1_sizes:
         nbytes = 3 * rows * N_ATOMS * 4
@@ -315,17 +314,8 @@ def main(argv=None):
             err=rel(fn(*sets[0]), want),
         )
         for br, nw in p1_hat_configs:
-            hat = jax.jit(
-                lambda p, z, vm, dz, br=br, nw=nw: c51_project_pallas(
-                    p,
-                    z,
-                    vm.reshape(1),
-                    dz.reshape(1),
-                    block_rows=br,
-                    num_warps=nw,
-                    interpret=smoke,
-                    method="hat",
-                )
+            hat = functools.partial(
+                c51_project, backend=f"hat{'_interpret' * smoke}", block_rows=br, num_warps=nw
             )
             record(
                 "P1",

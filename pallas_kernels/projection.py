@@ -32,6 +32,7 @@ inputs a C51 learner produces):
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,9 +47,15 @@ __all__ = ["c51_project", "c51_project_dense", "c51_project_pallas", "c51_projec
 
 DEFAULT_BLOCK_ROWS = 32
 DEFAULT_NUM_WARPS = 4
-# the hat kernel's tile is block_rows x 64 x 64: few rows a program (a guess until measured)
-HAT_BLOCK_ROWS = 4
-HAT_NUM_WARPS = 4
+# (block_rows, num_warps) by method; the hat kernel's tile is block_rows x 64 x 64, so few
+# rows a program (a guess until measured)
+TILINGS = {"window": (DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS), "hat": (4, 4)}
+# c51_project backends that are not _backend's: (mode, method)
+_NAMED_BACKENDS = {
+    "dense": ("dense", "window"),
+    "hat": ("pallas", "hat"),
+    "hat_interpret": ("interpret", "hat"),
+}
 WINDOW = 7  # sources a lane reads: 2 guards + 5 candidates (≤ 4 sources at γ ≥ 1/2, ±1 slack)
 
 
@@ -122,30 +129,48 @@ def c51_project_dense(
     return jnp.sum(w, axis=-1).reshape(shape)
 
 
-def _row_support(vmin_ref, dz_ref, rows, row_ok, per_row: bool):
-    """The block's ``v_min`` and ``1/Δz``: ``[block_rows, 1]`` per row, else scalars."""
+class _RowBlock(NamedTuple):
+    """One program's rows: ``rows_out`` ``[BR]`` (raw, for the store), ``rows`` (clamped in
+    bounds, for gathers), ``row_ok`` ``[BR]``, ``lane`` ``[1, L]``, ``valid`` ``[BR, L]``, and
+    the rows' ``v_min`` and ``1/Δz`` (``[BR, 1]`` per row, else scalars)."""
+
+    rows_out: jax.Array
+    rows: jax.Array
+    row_ok: jax.Array
+    lane: jax.Array
+    valid: jax.Array
+    vmin: jax.Array
+    inv_dz: jax.Array
+
+
+def _row_block(p_ref, vmin_ref, dz_ref, *, n, block_rows, lanes, per_row) -> _RowBlock:
+    """What both P1 kernels start from (see :class:`_RowBlock`)."""
+    num_rows = p_ref.shape[0]
+    rows_out = pl.program_id(0) * block_rows + jnp.arange(block_rows, dtype=jnp.int32)
+    row_ok = rows_out < num_rows
+    # Gathers use clamped (in-bounds) row addresses; the store must not: the interpreter
+    # writes masked-off duplicates of an address too, so they must fall outside the array.
+    rows = jnp.minimum(rows_out, num_rows - 1)
+    lane = jnp.arange(lanes, dtype=jnp.int32)[None, :]
+    valid = row_ok[:, None] & (lane < n)
     if per_row:
         vmin = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)[:, None]
         inv_dz = 1.0 / pl_triton.load(dz_ref.at[rows], mask=row_ok, other=1.0)[:, None]
-        return vmin, inv_dz
-    return vmin_ref[0], 1.0 / dz_ref[0]
+    else:
+        vmin, inv_dz = vmin_ref[0], 1.0 / dz_ref[0]
+    return _RowBlock(rows_out, rows, row_ok, lane, valid, vmin, inv_dz)
 
 
 def _c51_kernel(p_ref, z_ref, vmin_ref, dz_ref, *rest, n, block_rows, lanes, per_row):
     o_ref = rest[-1]  # rest = (o_ref,) or (aliased poison input, o_ref)
     i32 = jnp.int32
-    num_rows = p_ref.shape[0]
-    rows_out = pl.program_id(0) * block_rows + jnp.arange(block_rows, dtype=i32)
-    row_ok = rows_out < num_rows
-    # Gathers use clamped (in-bounds) row addresses; the store must not: the interpreter
-    # writes masked-off duplicates of an address too, so they must fall outside the array.
-    rows = jnp.minimum(rows_out, num_rows - 1)
+    blk = _row_block(
+        p_ref, vmin_ref, dz_ref, n=n, block_rows=block_rows, lanes=lanes, per_row=per_row
+    )
+    rows_out, rows, row_ok, lane, valid, vmin, inv_dz = blk
     r2 = rows[:, None]
-    lane = jnp.arange(lanes, dtype=i32)[None, :]
     lane_f = lane.astype(jnp.float32)
     in_row = lane < n
-    valid = row_ok[:, None] & in_row
-    vmin, inv_dz = _row_support(vmin_ref, dz_ref, rows, row_ok, per_row)
 
     def any_(mask):
         return jnp.max(mask.astype(i32)) > 0
@@ -242,19 +267,14 @@ def _c51_hat_kernel(p_ref, z_ref, vmin_ref, dz_ref, *rest, n, block_rows, lanes,
     arithmetic the GPU has plenty of, two contiguous loads and one store a row, any source
     order (clipping, terminal and unsorted rows need no path of their own)."""
     o_ref = rest[-1]
-    i32 = jnp.int32
-    num_rows = p_ref.shape[0]
-    rows_out = pl.program_id(0) * block_rows + jnp.arange(block_rows, dtype=i32)
-    row_ok = rows_out < num_rows
-    rows = jnp.minimum(rows_out, num_rows - 1)
-    lane = jnp.arange(lanes, dtype=i32)[None, :]
-    valid = row_ok[:, None] & (lane < n)
-    vmin, inv_dz = _row_support(vmin_ref, dz_ref, rows, row_ok, per_row)
-    tile = (rows_out[:, None], lane)
+    blk = _row_block(
+        p_ref, vmin_ref, dz_ref, n=n, block_rows=block_rows, lanes=lanes, per_row=per_row
+    )
+    tile, valid = (blk.rows_out[:, None], blk.lane), blk.valid
     p = pl_triton.load(p_ref.at[tile], mask=valid, other=0.0)  # padded sources carry 0
     z = pl_triton.load(z_ref.at[tile], mask=valid, other=0.0)
-    b = jnp.clip((z - vmin) * inv_dz, 0.0, float(n - 1))
-    dest = lane.astype(jnp.float32)[:, None, :]  # [1, 1, L]
+    b = jnp.clip((z - blk.vmin) * blk.inv_dz, 0.0, float(n - 1))
+    dest = blk.lane.astype(jnp.float32)[:, None, :]  # [1, 1, L]
     hat = jnp.maximum(1.0 - jnp.abs(b[:, :, None] - dest), 0.0)  # [BR, L_src, L_dst]
     out = jnp.sum(p[:, :, None] * hat, axis=1)
     pl_triton.store(o_ref.at[tile], out, mask=valid)
@@ -405,16 +425,13 @@ def c51_project(
     probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
     if fallback not in ("reference", "dense"):
         raise ValueError(f"c51_project: fallback must be reference or dense, got {fallback!r}")
-    method = "hat" if backend in ("hat", "hat_interpret") else "window"
-    if backend == "dense":
-        mode = "dense"
-    elif method == "hat":
-        mode = "pallas" if backend == "hat" else "interpret"
-    else:
-        mode = _backend.resolve(backend, "c51_project")
-    hat = method == "hat"
-    block_rows = block_rows or (HAT_BLOCK_ROWS if hat else DEFAULT_BLOCK_ROWS)
-    num_warps = num_warps or (HAT_NUM_WARPS if hat else DEFAULT_NUM_WARPS)
+    mode, method = _NAMED_BACKENDS.get(backend) or (
+        _backend.resolve(backend, "c51_project"),
+        "window",
+    )
+    rows0, warps0 = TILINGS[method]
+    block_rows = rows0 if block_rows is None else block_rows
+    num_warps = warps0 if num_warps is None else num_warps
     shape = probs.shape
     n = shape[-1]
     p = probs.reshape(-1, n)

@@ -258,6 +258,20 @@ def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
     backend = "hat" if BACKEND == "pallas" else "hat_interpret"
     rng = _rng()
     probs, atoms, v_min, delta_z = learner_batch(rng, 2 * BLOCK + 5)
+
+    # the call runs the hat kernel (inside the custom VJP): its [rows, 64, 64] tile, no loop
+    def eqns(jxp):
+        for eqn in jxp.eqns:
+            yield eqn
+            for sub in jaxprs_in_params(eqn.params):
+                yield from eqns(sub)
+
+    fn = lambda p, z: c51_project(p, z, v_min, delta_z, backend="hat_interpret")
+    jxp = jax.make_jaxpr(fn)(probs, atoms).jaxpr
+    (call,) = [e for e in eqns(jxp) if e.primitive.name == "pallas_call"]
+    body = list(eqns(call.params["jaxpr"]))
+    assert any(getattr(v.aval, "shape", ()) == (4, 64, 64) for e in body for v in e.outvars)
+    assert "while" not in {e.primitive.name for e in body}
     got = c51_project(probs, atoms, v_min, delta_z, backend=backend)
     assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
     if BACKEND == "pallas":
