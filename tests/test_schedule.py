@@ -13,7 +13,7 @@ import pytest
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
-from jaxdqn.agent.build import build_agent
+from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.config import ActingConfig, OptimConfig
 from jaxdqn.market import market as market_lib
 from jaxdqn.program.run.placement import place
@@ -224,3 +224,22 @@ def test_o2_schedule_changes_do_not_recompile_the_iteration(smoke, monkeypatch):
     state = state.replace(opt_state=jax.vmap(optim.reset_branch_moments)(state.opt_state))
     iterate(put(state), p.market)
     assert len(traces) == 1
+
+
+@pytest.mark.slow
+def test_o2_init_takes_the_learning_rate_as_an_argument_so_lr_sweeps_share_one_program():
+    """Runs that differ only in ``optim.lr`` (a sweep's trials) lower one init program, so the
+    persistent compilation cache compiles it once; each fresh state still holds its own lr."""
+    cfg = config.load(SMOKE, [*config.ALL_OFF, "optim.lr=3e-4"])
+    p = market_lib.prepare(cfg)
+    keys = jax.random.split(jax.random.PRNGKey(0), 1)
+    texts, rates = [], []
+    for lr in (3e-4, 7e-4):
+        agent = build_agent(config.load(SMOKE, [*config.ALL_OFF, f"optim.lr={lr}"]), p)
+        init = make_init(agent, num_seeds=1)
+        texts.append(init.func.lower(*init.args, p.market, keys).as_text())
+        state = init(p.market, keys)
+        rates.append(np.asarray(jax.vmap(optim.get_learning_rate)(state.opt_state)))
+    assert texts[0] == texts[1]
+    np.testing.assert_array_equal(rates[0], np.float32(3e-4))
+    np.testing.assert_array_equal(rates[1], np.float32(7e-4))

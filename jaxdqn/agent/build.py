@@ -38,6 +38,7 @@ __all__ = [
     "make_init",
     "make_population_values",
     "make_replay",
+    "with_lr",
     "with_members",
 ]
 
@@ -55,6 +56,9 @@ class Agent:
       replay: prioritised replay functions (L8).
       nstep: the n-step accumulator (γⁿ bootstrap).
       optimizer: the O1 optax transformation.
+      lr: the main Adam's learning rate a fresh train state starts with (``optim.lr``). The
+        compiled init takes it as an argument, not a constant, so runs that differ only in it
+        (a sweep's trials over ``optim.lr``) share one compiled init program.
       dynamics: the training-statistics functions (L7, EMAs, M13/M14 state).
       learner: one learner update (L1–L8).
       reward_scale: learning rewards = reward_scale × log equity return
@@ -81,6 +85,7 @@ class Agent:
     replay: replay.Replay
     nstep: nstep.NStepAccumulator
     optimizer: optax.GradientTransformation
+    lr: float
     dynamics: dynamics.Dynamics
     learner: learner.Learner
     reward_scale: float
@@ -142,6 +147,7 @@ def build_agent(
         replay=pieces.replay,
         nstep=nstep.make_nstep_accumulator(cfg.loss.n_step, cfg.loss.gamma),
         optimizer=pieces.optimizer,
+        lr=cfg.optim.lr,
         dynamics=pieces.dynamics,
         learner=learner.make_learner(
             cfg.loss, cfg.replay, pieces=pieces, resolved=r, shards=shards
@@ -209,8 +215,11 @@ SHARDED_FIELDS = ("replay", "nstep", "env", "obs")
 (leading device axis ``[D, ...]``); every other field is the same on every device."""
 
 
-def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey) -> TrainState:
-    """A fresh train state for ``agent``; every random choice is split from ``key``.
+def init_train_state(
+    agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey, lr: chex.Numeric | None = None
+) -> TrainState:
+    """A fresh train state for ``agent``; every random choice is split from ``key``. ``lr``
+    (a float32 scalar; None: ``agent.lr``) is the main Adam's learning rate in its optax state.
 
     Split over ``D`` devices (``agent.shards``) the :data:`SHARDED_FIELDS` get a leading device
     axis: device ``d`` holds environments ``d·E/D … (d+1)·E/D − 1`` of the one-device state
@@ -236,7 +245,9 @@ def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey
     state = TrainState(
         params=params,
         target_params=jax.tree.map(jnp.copy, params),
-        opt_state=agent.optimizer.init(params),
+        opt_state=optim.set_learning_rate(
+            agent.optimizer.init(params), agent.lr if lr is None else lr
+        ),
         replay=replay_state,
         nstep=nstep_state,
         env=env_state,
@@ -257,10 +268,16 @@ def init_train_state(agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey
 def make_init(agent: Agent, *, num_seeds: int | None = None):
     """``jit(init_train_state)`` for ``agent``: ``(market, key) -> TrainState``; with
     ``num_seeds`` it takes ``keys [S, 2]`` and returns states with a leading seed axis."""
-    fn = lambda market, key: init_train_state(agent, market, key)
+    fn = lambda lr, market, key: init_train_state(agent, market, key, lr)
     if num_seeds is not None:
-        fn = jax.vmap(fn, in_axes=(None, 0))
-    return jax.jit(with_members(agent, fn, num_seeds))
+        fn = jax.vmap(fn, in_axes=(None, None, 0))
+    return with_lr(agent, jax.jit(with_members(agent, fn, num_seeds)))
+
+
+def with_lr(agent: Agent, init) -> functools.partial:
+    """``(market, key) -> init(agent.lr as a float32 array, market, key)``: the learning rate an
+    argument of the compiled ``init`` (``.func``), not a constant folded into it."""
+    return functools.partial(init, jnp.asarray(agent.lr, jnp.float32))
 
 
 def with_members(agent: Agent, init, num_seeds: int | None):
@@ -275,4 +292,4 @@ def with_members(agent: Agent, init, num_seeds: int | None):
     size = agent.members.lr.shape[0]
     if num_seeds != size:
         raise ValueError(f"make_init: {num_seeds} agents for a population of {size}")
-    return lambda market, keys: init(market, keys).replace(members=agent.members)
+    return lambda *args: init(*args).replace(members=agent.members)

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxdqn.agent import iteration as iteration_lib
-from jaxdqn.agent.build import SHARDED_FIELDS, Agent, init_train_state, with_members
+from jaxdqn.agent.build import SHARDED_FIELDS, Agent, init_train_state, with_lr, with_members
 from jaxdqn.agent.build import make_init as build_init
 from jaxdqn.agent.state import TrainState
 from jaxdqn.config import ConfigError
@@ -202,9 +202,9 @@ def make_init(agent: Agent, layout: Layout):
     ``keys[s]``, as on one device)."""
     if layout.mesh is None:
         return build_init(agent, num_seeds=layout.num_seeds)
-    fn = jax.vmap(lambda market, key: init_train_state(agent, market, key), in_axes=(None, 0))
-    fn = with_members(agent, fn, layout.num_seeds)
-    return jax.jit(fn, out_shardings=_named(layout, _field_specs(layout)))
+    fn = lambda lr, market, key: init_train_state(agent, market, key, lr)
+    fn = with_members(agent, jax.vmap(fn, in_axes=(None, None, 0)), layout.num_seeds)
+    return with_lr(agent, jax.jit(fn, out_shardings=_named(layout, _field_specs(layout))))
 
 
 def _named(layout: Layout, specs: TrainState) -> TrainState:
