@@ -425,6 +425,11 @@ def c51_project(
     probs, src_atoms, v_min, delta_z = _check(probs, src_atoms, v_min, delta_z, "c51_project")
     if fallback not in ("reference", "dense"):
         raise ValueError(f"c51_project: fallback must be reference or dense, got {fallback!r}")
+    if backend not in _NAMED_BACKENDS and backend not in _backend.BACKENDS:
+        raise ValueError(
+            "c51_project: backend must be one of "
+            f"{_backend.BACKENDS + tuple(_NAMED_BACKENDS)}, got {backend!r}"
+        )
     mode, method = _NAMED_BACKENDS.get(backend) or (
         _backend.resolve(backend, "c51_project"),
         "window",
