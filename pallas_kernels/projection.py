@@ -1,4 +1,4 @@
-"""P1: the C51 categorical projection as a Pallas Triton "pull" kernel, and its jnp reference.
+"""P1: the C51 categorical projection as Pallas Triton "pull" kernels, and its jnp reference.
 
 Math (per row, N atoms). The destination support is z_i = v_min + i·Δz, i = 0 … N−1. Source
 atom j (value x_j, probability p_j) sits at the fractional position
@@ -10,8 +10,16 @@ i.e. p_j·(1 − f_j) to ⌊b_j⌋ and p_j·f_j to ⌊b_j⌋ + 1 with f_j = b_j 
 when b_j is a support point). Source atoms outside the support are clipped to its ends. The map
 is linear in p, so d out_i / d p_j = max(0, 1 − |b_j − i|) exactly.
 
-The kernel ("pull", no atomics, nothing of size [R, N, N] anywhere, O(N) work per row for the
-inputs a C51 learner produces):
+Two kernels, both pulls (one writer per output: no atomics, deterministic):
+
+* the hat kernel (:func:`_c51_hat_kernel`), the ``pallas`` backend's up to 64 padded atoms (the
+  C51 learner's 51): every source against every destination lane in a register tile, reduced
+  over the sources; two contiguous loads and one store a row, one path for every row;
+* the window kernel (:func:`_c51_kernel`), wider supports' (its work a row grows as N, the hat
+  kernel's as N²), below.
+
+The window kernel (nothing of size [R, N, N] anywhere, O(N) work per row for the inputs a C51
+learner produces):
   * a row block of `block_rows` rows × 64 lanes (N padded to a power of two, masked);
   * sources clipped at v_min (b ≤ 0) or v_max (b ≥ N−1) all land on one end lane: their masses
     are summed by a row reduction, not pulled one by one (clipping makes long runs there);
@@ -43,19 +51,39 @@ from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
 
-__all__ = ["c51_project", "c51_project_dense", "c51_project_pallas", "c51_project_reference"]
+__all__ = [
+    "c51_project",
+    "c51_project_dense",
+    "c51_project_pallas",
+    "c51_project_reference",
+    "default_method",
+]
 
 DEFAULT_BLOCK_ROWS = 32
 DEFAULT_NUM_WARPS = 4
-# (block_rows, num_warps) by method; the hat kernel's tile is block_rows x 64 x 64, so few
-# rows a program (a guess until measured)
-TILINGS = {"window": (DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS), "hat": (4, 4)}
+# (block_rows, num_warps) by method. The hat kernel's tile is block_rows x 64 x 64: 2 rows x
+# 2 warps was the fastest of five tilings at 16,384 and 65,536 rows (H100, 2026-12-06).
+TILINGS = {"window": (DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS), "hat": (2, 2)}
+# The widest padded support the pallas / interpret backends give the hat kernel: its work and
+# registers grow as lanes² a row (measured at 51 atoms, 64 lanes: 1.8x the window kernel's
+# speed); wider supports take the window kernel, whose work a row grows as lanes.
+HAT_MAX_LANES = 64
 # c51_project backends that are not _backend's: (mode, method)
 _NAMED_BACKENDS = {
     "dense": ("dense", "window"),
     "hat": ("pallas", "hat"),
     "hat_interpret": ("interpret", "hat"),
+    "window": ("pallas", "window"),
+    "window_interpret": ("interpret", "window"),
 }
+
+
+def default_method(n: int) -> str:
+    """The kernel the pallas / interpret backends run for ``n`` atoms: ``hat`` up to
+    :data:`HAT_MAX_LANES` padded lanes, ``window`` above."""
+    return "hat" if max(16, int(pl.next_power_of_2(n))) <= HAT_MAX_LANES else "window"
+
+
 WINDOW = 7  # sources a lane reads: 2 guards + 5 candidates (≤ 4 sources at γ ≥ 1/2, ±1 slack)
 
 
@@ -411,14 +439,17 @@ def c51_project(
 ) -> jax.Array:
     """Categorical (C51) projection; arguments and result as `c51_project_reference`.
 
-    backend: "auto" (Pallas on GPU, reference elsewhere), "pallas", "interpret" (the window
-    kernel under the Pallas interpreter, for CPU tests), "hat" / "hat_interpret" (the dense
-    pull in registers, :func:`_c51_hat_kernel`, compiled / interpreted), "reference" (jnp
-    scatter-add) or "dense" (:func:`c51_project_dense`, a jnp pull: no scatter, deterministic
-    on GPUs). block_rows, num_warps: the Pallas tiling (None: the method's default). The Pallas
-    paths compute in float32. Differentiable through a custom_vjp: the exact gradient w.r.t.
-    probs (the projection is linear in it) and zeros w.r.t. src_atoms, v_min and delta_z, so a
-    stray jax.grad through a target works instead of failing to linearise the kernel.
+    backend: "auto" (Pallas on GPU, reference elsewhere), "pallas" / "interpret" (the Pallas
+    kernel compiled / under the Pallas interpreter, for CPU tests: :func:`default_method`'s,
+    the hat kernel at ≤ 64 padded atoms, else the window kernel), "hat" / "hat_interpret" (the
+    dense pull in registers, :func:`_c51_hat_kernel`), "window" / "window_interpret" (the
+    windowed pull of the module docstring, :func:`_c51_kernel`), "reference" (jnp scatter-add)
+    or "dense" (:func:`c51_project_dense`, a jnp pull: no scatter, deterministic on GPUs).
+    block_rows, num_warps: the Pallas tiling (None: the method's default, :data:`TILINGS`).
+    The Pallas paths compute in float32. Differentiable through a custom_vjp: the exact
+    gradient w.r.t. probs (the projection is linear in it) and zeros w.r.t. src_atoms, v_min
+    and delta_z, so a stray jax.grad through a target works instead of failing to linearise
+    the kernel.
     fallback: what runs when the Pallas kernel cannot be built here ("reference" or "dense";
     a deterministic caller asks for "dense").
     """
@@ -432,7 +463,7 @@ def c51_project(
         )
     mode, method = _NAMED_BACKENDS.get(backend) or (
         _backend.resolve(backend, "c51_project"),
-        "window",
+        default_method(probs.shape[-1]),
     )
     rows0, warps0 = TILINGS[method]
     block_rows = rows0 if block_rows is None else block_rows

@@ -126,4 +126,5 @@ def test_l8_projection_backend_resolution(monkeypatch):
     # the scatter-add
     assert projection_fallback("pallas") == projection_fallback("dense") == "dense"
     assert projection_backend("hat", True) == "hat" and projection_fallback("hat") == "dense"
+    assert projection_fallback("window") == "dense"
     assert projection_fallback("reference") == projection_fallback("auto") == "reference"

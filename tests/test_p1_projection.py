@@ -1,7 +1,8 @@
-"""P1: C51 projection — Pallas "pull" kernel and jnp reference against a float64 computation.
+"""P1: C51 projection — the Pallas "pull" kernels (window and hat) and the jnp reference against
+a float64 computation.
 
-The kernel runs in interpret mode on CPU; JAXDQN_KERNEL_BACKEND=pallas on a GPU runs the same
-checks against the compiled Triton kernel (and fails if it silently fell back to the reference).
+The kernels run in interpret mode on CPU; JAXDQN_KERNEL_BACKEND=pallas on a GPU runs the same
+checks against the compiled Triton kernels (and fails if one silently fell back).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 from jax.extend.core import jaxprs_in_params
 
 from pallas_kernels import c51_project, c51_project_reference, fallbacks
-from pallas_kernels.projection import c51_project_pallas
+from pallas_kernels.projection import TILINGS, c51_project_pallas
 
 BACKEND = os.environ.get("JAXDQN_KERNEL_BACKEND", "interpret")
 BLOCK = 16  # small blocks so that the test shapes leave a ragged last block
@@ -49,7 +50,9 @@ def rel_err(got, want) -> float:
 
 
 def kernel(probs, atoms, v_min, delta_z):
-    out = c51_project(probs, atoms, v_min, delta_z, backend=BACKEND, block_rows=BLOCK)
+    """The window kernel (the hat kernel's own tests are below)."""
+    backend = "window" if BACKEND == "pallas" else "window_interpret"
+    out = c51_project(probs, atoms, v_min, delta_z, backend=backend, block_rows=BLOCK)
     if BACKEND == "pallas":
         failed = {k: v for k, v in fallbacks().items() if k[0] == "c51_project"}
         assert not failed, f"the Pallas kernel fell back to the reference: {failed}"
@@ -252,6 +255,21 @@ def test_p1_hat_kernel_matches_float64_on_learner_unsorted_and_edge_rows():
         )
 
 
+def _eqns(jxp):
+    for eqn in jxp.eqns:
+        yield eqn
+        for sub in jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def _kernel_body(fn, *args) -> list:
+    """The equations of the one pallas_call body in ``fn``'s program."""
+    (call,) = [
+        e for e in _eqns(jax.make_jaxpr(fn)(*args).jaxpr) if e.primitive.name == "pallas_call"
+    ]
+    return list(_eqns(call.params["jaxpr"]))
+
+
 def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
     """``c51_project(backend="hat")`` (``hat_interpret`` on the CPU; ``kernels.projection``'s
     settings): the float64 projection and, through the custom VJP, the reference's gradient
@@ -261,17 +279,11 @@ def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
     probs, atoms, v_min, delta_z = learner_batch(rng, 2 * BLOCK + 5)
 
     # the call runs the hat kernel (inside the custom VJP): its [rows, 64, 64] tile, no loop
-    def eqns(jxp):
-        for eqn in jxp.eqns:
-            yield eqn
-            for sub in jaxprs_in_params(eqn.params):
-                yield from eqns(sub)
-
-    fn = lambda p, z: c51_project(p, z, v_min, delta_z, backend="hat_interpret")
-    jxp = jax.make_jaxpr(fn)(probs, atoms).jaxpr
-    (call,) = [e for e in eqns(jxp) if e.primitive.name == "pallas_call"]
-    body = list(eqns(call.params["jaxpr"]))
-    assert any(getattr(v.aval, "shape", ()) == (4, 64, 64) for e in body for v in e.outvars)
+    body = _kernel_body(
+        lambda p, z: c51_project(p, z, v_min, delta_z, backend="hat_interpret"), probs, atoms
+    )
+    tile = (TILINGS["hat"][0], 64, 64)
+    assert any(getattr(v.aval, "shape", ()) == tile for e in body for v in e.outvars)
     assert "while" not in {e.primitive.name for e in body}
     got = c51_project(probs, atoms, v_min, delta_z, backend=backend)
     assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
@@ -282,3 +294,23 @@ def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
         lambda p: jnp.sum(weights * c51_project(p, atoms, v_min, delta_z, **kw))
     )(jnp.asarray(probs))
     np.testing.assert_allclose(grad(backend=backend), grad(backend="reference"), atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [N, 101])
+def test_p1_pallas_backend_runs_the_hat_kernel_up_to_64_lanes_and_the_window_kernel_above(n):
+    """``pallas`` / ``interpret`` (``kernels.projection``'s auto on a GPU): the hat kernel at the
+    learner's 51 atoms (its [rows, 64, 64] tile, no loop), the window kernel at 101 (128 lanes:
+    its fallback loop, no lanes² tile); both give the float64 projection."""
+    rng = _rng()
+    probs, atoms, v_min, delta_z = learner_batch(rng, 2 * BLOCK + 5, n=n)
+    lanes = 64 if n <= 64 else 128
+    fn = lambda p, z: c51_project(p, z, v_min, delta_z, backend="interpret")
+    body = _kernel_body(fn, probs, atoms)
+    names = {e.primitive.name for e in body}
+    shapes = {getattr(v.aval, "shape", ()) for e in body for v in e.outvars}
+    hat = (TILINGS["hat"][0], lanes, lanes)
+    assert (hat in shapes, "while" in names) == ((True, False) if n <= 64 else (False, True))
+    got = c51_project(probs, atoms, v_min, delta_z, backend=BACKEND)
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    if BACKEND == "pallas":
+        assert not [k for k in fallbacks() if k[0] == "c51_project"]
