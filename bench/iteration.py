@@ -31,7 +31,9 @@ note. **% of matmul** = FLOPs / µs per update / the rate of a ``[n, n] @ [n, n]
 product at JAX's default precision (TF32 on H100/H200 tensor cores), measured in the same
 process (n = 8,192; median of 10).
 
-**PyTorch peer** (``--peer``, default ``../shared/peer_torch.py``; run when ``torch`` is
+**PyTorch peer** (``--peer``, default ``../shared/peer_torch.py``, else ``runs/peer/peer_torch.py``
+— the copy to carry to a machine whose tree has no ``../shared``: ``mkdir -p runs/peer && cp
+../shared/peer_torch.py runs/peer/`` and ``carry: ["runs/peer"]``; run when ``torch`` is
 importable and the file exists, after the JAX columns, in its own process): the same
 all-off update at the same batches, eager, ``torch.compile`` and compiled + one CUDA graph
 (``--peer-variants``); its µs are its own medians (CUDA events). Its % of matmul uses the
@@ -70,7 +72,9 @@ from jaxdqn.market import market as market_setup  # noqa: E402
 from jaxdqn.program.launch import runtime  # noqa: E402
 
 COMPONENTS = {"off": ("all off", list(config.ALL_OFF)), "on": ("all on", list(config.ALL_ON))}
-DEFAULT_PEER = ROOT.parent / "shared" / "peer_torch.py"
+# the project's shared copy, else one carried inside the (ignored) runs folder
+PEER_PLACES = (ROOT.parent / "shared" / "peer_torch.py", ROOT / "runs" / "peer" / "peer_torch.py")
+DEFAULT_PEER = next((p for p in PEER_PLACES if p.exists()), PEER_PLACES[0])
 PEER_NAMES = {"eager": "eager", "compile": "torch.compile", "cuda graph": "compile + CUDA graph"}
 
 
