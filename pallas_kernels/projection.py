@@ -78,10 +78,15 @@ _NAMED_BACKENDS = {
 }
 
 
+def _lanes(n: int) -> int:
+    """The lanes a row of ``n`` atoms is padded to (a power of two, Triton's block rule)."""
+    return max(16, int(pl.next_power_of_2(n)))
+
+
 def default_method(n: int) -> str:
     """The kernel the pallas / interpret backends run for ``n`` atoms: ``hat`` up to
     :data:`HAT_MAX_LANES` padded lanes, ``window`` above."""
-    return "hat" if max(16, int(pl.next_power_of_2(n))) <= HAT_MAX_LANES else "window"
+    return "hat" if _lanes(n) <= HAT_MAX_LANES else "window"
 
 
 WINDOW = 7  # sources a lane reads: 2 guards + 5 candidates (≤ 4 sources at γ ≥ 1/2, ±1 slack)
@@ -327,7 +332,7 @@ def c51_project_pallas(
     and check that every entry is written. No custom_vjp here; use `c51_project`.
     """
     num_rows, n = probs.shape
-    lanes = max(16, int(pl.next_power_of_2(n)))
+    lanes = _lanes(n)
     if block_rows & (block_rows - 1):
         raise ValueError(f"c51_project: block_rows must be a power of two, got {block_rows}")
     per_row = v_min.shape != (1,)

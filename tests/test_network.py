@@ -810,12 +810,9 @@ def _pallas_call_names(jaxpr) -> list[str]:
         if eqn.primitive.name == "pallas_call":
             info = eqn.params.get("name") or eqn.params.get("name_and_src_info")
             names.append(str(getattr(info, "name", info)))
-            continue
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    names += _pallas_call_names(inner)
+            continue  # (not into the kernel's own body)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names += _pallas_call_names(sub)
     return names
 
 

@@ -216,10 +216,11 @@ SHARDED_FIELDS = ("replay", "nstep", "env", "obs")
 
 
 def init_train_state(
-    agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey, lr: chex.Numeric | None = None
+    agent: Agent, market: env_lib.MarketData, key: chex.PRNGKey, lr: chex.Numeric
 ) -> TrainState:
     """A fresh train state for ``agent``; every random choice is split from ``key``. ``lr``
-    (a float32 scalar; None: ``agent.lr``) is the main Adam's learning rate in its optax state.
+    (a float32 scalar, ``agent.lr`` through :func:`make_init`) is the main Adam's learning rate
+    in its optax state.
 
     Split over ``D`` devices (``agent.shards``) the :data:`SHARDED_FIELDS` get a leading device
     axis: device ``d`` holds environments ``d·E/D … (d+1)·E/D − 1`` of the one-device state
@@ -245,9 +246,7 @@ def init_train_state(
     state = TrainState(
         params=params,
         target_params=jax.tree.map(jnp.copy, params),
-        opt_state=optim.set_learning_rate(
-            agent.optimizer.init(params), agent.lr if lr is None else lr
-        ),
+        opt_state=optim.set_learning_rate(agent.optimizer.init(params), lr),
         replay=replay_state,
         nstep=nstep_state,
         env=env_state,
