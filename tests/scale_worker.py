@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
+from sharding_configs import PER_SAMPLE_MODEL_OFF
 
 from jaxdqn import config
 from jaxdqn.agent import mesh
@@ -75,7 +76,9 @@ def population(cfg, prepared, iterations=3):
     ``main`` runs it with every component off: nothing on the seed axis mixes seeds (each
     device holds whole agents), so the check is about the placement, the keys and the state's
     layout, and a small program compiles several times faster. The components' reductions
-    across devices are checked on the data axis, every component on (``data_parallel_*``)."""
+    across devices are checked on the data axis: one update with every component on
+    (``data_parallel_step``), the iteration with every component that has batch-wide statistics
+    or state on (``data_parallel_iteration``; :data:`sharding_configs.PER_SAMPLE_MODEL_OFF`)."""
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 4)
     agent = build_agent(cfg, prepared)
     out = {}
@@ -199,7 +202,7 @@ def data_parallel_iteration(prepared, iterations=3):
     shardings, as ``python -m jaxdqn.train`` with ``train.mesh=2x2`` and 2 seeds, so that the
     sharded kill −9 and resume of ``tests/test_scale.py`` (same module, run after this check)
     loads it from the session's compilation cache instead of compiling it again."""
-    cfg2 = config.load(SMOKE, ["train.num_seeds=2", "train.mesh=2x2"])
+    cfg2 = config.load(SMOKE, ["train.num_seeds=2", "train.mesh=2x2", *PER_SAMPLE_MODEL_OFF])
     placed = placement.place(cfg2, prepared, build_agent(cfg2, prepared))
     assert placed.layout.seed == 2 and placed.layout.data == 2
     keys = jax.random.split(jax.random.PRNGKey(0), 2)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from sharding_configs import PER_SAMPLE_MODEL_OFF
 from sigkill import kill_when_exists
 
 from jaxdqn.agent import mesh
@@ -48,7 +49,8 @@ def worker() -> dict:
     because the module runs on one pytest-xdist worker: separate processes would only add
     their start-ups (Python, JAX, the market) one after another. The seed-population check runs
     with every component off (each device holds whole agents: the check is about placement),
-    the data-parallel ones with every component on."""
+    the data-parallel update with every component on, the data-parallel iteration with every
+    component that has batch-wide statistics or state on (``sharding_configs``)."""
     return _run_worker()
 
 
@@ -113,12 +115,13 @@ SHARDED = [
     "train.iterations_per_epoch=3",
     "train.num_seeds=2",
     "train.mesh=2x2",
+    *PER_SAMPLE_MODEL_OFF,
 ]
 
 
 @pytest.mark.slow
 def test_scale_sharded_run_resumes_after_sigkill_exactly(tmp_path):
-    """2 seeds × 2 data devices, every component on: kill −9 after epoch 1's checkpoint,
+    """2 seeds × 2 data devices, every component with state on: kill −9 after epoch 1's checkpoint,
     --resume for epoch 2, and the run ends with the uninterrupted run's log and summary."""
     cmd = [sys.executable, "-m", "jaxdqn.train", "--no-progress", *SHARDED]
     # The uninterrupted run first, then the one to be killed: it loads every program from the
