@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
+from scipy import special  # Φ = ndtr, Φ⁻¹ = ndtri (the normal's cdf and ppf in scipy)
 
 __all__ = [
     "annualised_sharpe",
@@ -98,7 +98,7 @@ def probabilistic_sharpe_ratio(returns: ArrayLike, benchmark_sharpe: float = 0.0
     var = 1.0 - g3 * sr + (g4 - 1.0) / 4.0 * sr * sr
     if not var > 0:
         return _NAN
-    return float(stats.norm.cdf((sr - benchmark_sharpe) * math.sqrt(n - 1) / math.sqrt(var)))
+    return float(special.ndtr((sr - benchmark_sharpe) * math.sqrt(n - 1) / math.sqrt(var)))
 
 
 def expected_max_sharpe(num_trials: float, sharpe_variance: float) -> float:
@@ -116,7 +116,7 @@ def expected_max_sharpe(num_trials: float, sharpe_variance: float) -> float:
     if num_trials == 1 or sharpe_variance == 0:
         return 0.0
     g = float(np.euler_gamma)
-    z = (1 - g) * stats.norm.ppf(1 - 1 / num_trials) + g * stats.norm.ppf(
+    z = (1 - g) * special.ndtri(1 - 1 / num_trials) + g * special.ndtri(
         1 - 1 / (num_trials * math.e)
     )
     return float(math.sqrt(sharpe_variance) * z)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from jaxdqn.evaluation.baselines import ORACLE_EXECUTIONS
 from jaxdqn.program.records.formats import as_float, fixed, markdown_table
+from jaxdqn.program.report.plots import figure
 
 __all__ = ["INSTRUMENT_METRICS", "panel_section", "plot_instrument_sharpe"]
 
@@ -42,7 +42,7 @@ def plot_instrument_sharpe(run_dir: Path, instruments: Mapping[str, Any], split:
         )
         for n in names
     ]
-    fig = Figure(figsize=(6, 6))
+    fig = figure(figsize=(6, 6))
     ax = fig.add_subplot()
     ax.scatter(bh, agent, color="black", s=18)
     for name, x, y in zip(names, bh, agent, strict=True):

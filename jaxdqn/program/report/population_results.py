@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from jaxdqn.config import Config
 from jaxdqn.config.members import members, population_grid
 from jaxdqn.program.records.formats import as_float, cell, markdown_table
-from jaxdqn.program.report.plots import add_legend, save_png
+from jaxdqn.program.report.plots import add_legend, figure, save_png
 
 __all__ = ["MEMBERS_PNG", "SELECTED_ON", "member_entries", "plot_members", "population_section"]
 
@@ -68,7 +67,7 @@ def plot_members(run_dir: Path, entries: Sequence[Mapping[str, Any]], winner: An
     starred; returns the file name."""
     names = [("★ " if e["member"] == winner else "") + str(e["member"]) for e in entries]
     x = np.arange(len(entries))
-    fig = Figure(figsize=(max(6.0, 0.5 * len(entries) + 2), 3.5))
+    fig = figure(figsize=(max(6.0, 0.5 * len(entries) + 2), 3.5))
     ax = fig.add_subplot()
     for i, split in enumerate(("val", "test")):
         values = [as_float((e.get(split) or {}).get("sharpe")) for e in entries]

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from jaxdqn.branches import BRANCHES
 from jaxdqn.program.records import metric_names
-from jaxdqn.program.report.plots import add_legend, plot_seed_line, save_png
+from jaxdqn.program.report.plots import add_legend, figure, plot_seed_line, save_png
 
 __all__ = ["Markers", "plot_training", "series"]
 
@@ -125,7 +124,7 @@ def _plot_losses(path: Path, records, epochs, seeds: int, markers: Markers) -> s
         return None
     ncols = min(3, len(keys))
     nrows = math.ceil(len(keys) / ncols)
-    fig = Figure(figsize=(4 * ncols, 2.8 * nrows))
+    fig = figure(figsize=(4 * ncols, 2.8 * nrows))
     for i, key in enumerate(keys):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         for idx, y in _components(series(records, key), seeds):
@@ -155,7 +154,7 @@ def _plot_metric(
     values = series(records, key)
     if values is None:
         return None
-    fig = Figure(figsize=(9, 4))
+    fig = figure(figsize=(9, 4))
     ax = fig.add_subplot()
     comps = _components(values, seeds)
     for idx, y in comps:
