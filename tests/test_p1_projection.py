@@ -41,6 +41,15 @@ def project64(probs, atoms, v_min, delta_z) -> np.ndarray:
     return np.einsum("...j,...ji->...i", p, hat)
 
 
+def tol(n: int = N) -> float:
+    """What float32 allows ``rel_err`` of an n-atom projection: b = (z − v_min)/Δz is rounded
+    twice, |δb| ≤ (n − 1)·2⁻²³ inside the support, and a terminal row (all mass at one b, a row
+    max ≥ ½) moves by 2·|δb| of its max; 1.5× that for the kernels' own sums. (Over 300 random
+    batches of ``learner_batch`` the jnp scatter's worst was 0.82 × 2·(n − 1)·2⁻²³ at both 51 and
+    101 atoms; a wrong lane or lost mass is ≥ 1e-3.)"""
+    return 3.0 * (n - 1) * 2.0**-23
+
+
 def rel_err(got, want) -> float:
     """Worst row of ‖got − want‖∞ / ‖want‖∞."""
     got = np.asarray(got, np.float64).reshape(-1, np.shape(want)[-1])
@@ -89,10 +98,10 @@ def test_p1_matches_float64_on_fresh_random_targets():
     rng = _rng()
     probs, atoms, v_min, delta_z = learner_batch(rng, 3 * BLOCK + 5)
     want = project64(probs, atoms, v_min, delta_z)
-    assert rel_err(c51_project_reference(probs, atoms, v_min, delta_z), want) <= 1e-5
+    assert rel_err(c51_project_reference(probs, atoms, v_min, delta_z), want) <= tol()
     got = kernel(probs, atoms, v_min, delta_z)
     assert got.shape == probs.shape and got.dtype == jnp.float32
-    assert rel_err(got, want) <= 1e-5
+    assert rel_err(got, want) <= tol()
     np.testing.assert_allclose(np.asarray(got).sum(-1), 1.0, atol=1e-5)  # mass is conserved
 
 
@@ -108,7 +117,7 @@ def test_p1_unsorted_and_arbitrary_atoms():
     support = np.linspace(-10.0, 10.0, N)
     atoms[5::6] = rng.normal(0.0, 3.0, (atoms[5::6].shape[0], 1)) + 0.3 * support
     want = project64(probs, atoms, v_min, delta_z)
-    assert rel_err(kernel(probs, atoms, v_min, delta_z), want) <= 1e-5
+    assert rel_err(kernel(probs, atoms, v_min, delta_z), want) <= tol()
 
 
 def test_p1_edge_cases():
@@ -150,10 +159,10 @@ def test_p1_per_row_support_and_leading_shape():
     probs, atoms = probs.reshape(2, 3, 7, N), atoms.reshape(2, 3, 7, N)
     got = kernel(probs, atoms, v_min, delta_z)
     assert got.shape == (2, 3, 7, N)
-    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= tol()
     # one per-row argument with a scalar other
     got = kernel(probs, atoms, v_min, 0.4)
-    assert rel_err(got, project64(probs, atoms, v_min, 0.4)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, 0.4)) <= tol()
 
 
 def test_p1_output_fully_written():
@@ -170,7 +179,7 @@ def test_p1_output_fully_written():
         out=poison,
     )
     assert bool(jnp.all(jnp.isfinite(got)))
-    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= tol()
 
 
 @pytest.mark.slow
@@ -216,7 +225,7 @@ def test_p1_backends_agree_and_bad_backend_fails(backend):
     rng = _rng()
     probs, atoms, v_min, delta_z = learner_batch(rng, 9)
     got = c51_project(probs, atoms, v_min, delta_z, backend=backend)
-    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= tol()
     # the message names every backend c51_project takes, the kernel methods' included
     with pytest.raises(ValueError, match=r"backend must be one of .*'dense', 'hat'.*'cuda'"):
         c51_project(probs, atoms, v_min, delta_z, backend="cuda")
@@ -248,7 +257,7 @@ def test_p1_hat_kernel_matches_float64_on_learner_unsorted_and_edge_rows():
             method="hat",
         )
         assert bool(jnp.all(jnp.isfinite(got)))
-        assert rel_err(got, project64(probs, atoms, vm if vm.size > 1 else v_min, delta_z)) <= 1e-5
+        assert rel_err(got, project64(probs, atoms, vm if vm.size > 1 else v_min, delta_z)) <= tol()
     with pytest.raises(ValueError, match="method"):
         c51_project_pallas(
             jnp.asarray(probs), jnp.asarray(atoms), jnp.ones(1), jnp.ones(1), method="scatter"
@@ -286,7 +295,7 @@ def test_p1_hat_backend_of_c51_project_gives_values_and_the_exact_gradient():
     assert any(getattr(v.aval, "shape", ()) == tile for e in body for v in e.outvars)
     assert "while" not in {e.primitive.name for e in body}
     got = c51_project(probs, atoms, v_min, delta_z, backend=backend)
-    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= tol()
     if BACKEND == "pallas":
         assert not [k for k in fallbacks() if k[0] == "c51_project" and k[-1] == "hat"]
     weights = jnp.asarray(rng.normal(size=probs.shape), jnp.float32)
@@ -311,6 +320,6 @@ def test_p1_pallas_backend_runs_the_hat_kernel_up_to_64_lanes_and_the_window_ker
     hat = (TILINGS["hat"][0], lanes, lanes)
     assert (hat in shapes, "while" in names) == ((True, False) if n <= 64 else (False, True))
     got = c51_project(probs, atoms, v_min, delta_z, backend=BACKEND)
-    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= 1e-5
+    assert rel_err(got, project64(probs, atoms, v_min, delta_z)) <= tol(n)
     if BACKEND == "pallas":
         assert not [k for k in fallbacks() if k[0] == "c51_project"]
