@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
-from sharding_configs import PER_SAMPLE_MODEL_OFF
+from model_overrides import PER_SAMPLE_MODEL_OFF
 
 from jaxdqn import config
 from jaxdqn.agent import mesh
@@ -78,7 +78,7 @@ def population(cfg, prepared, iterations=3):
     layout, and a small program compiles several times faster. The components' reductions
     across devices are checked on the data axis: one update with every component on
     (``data_parallel_step``), the iteration with every component that has batch-wide statistics
-    or state on (``data_parallel_iteration``; :data:`sharding_configs.PER_SAMPLE_MODEL_OFF`)."""
+    or state on (``data_parallel_iteration``; :data:`model_overrides.PER_SAMPLE_MODEL_OFF`)."""
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), 4)
     agent = build_agent(cfg, prepared)
     out = {}

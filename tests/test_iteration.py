@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_overrides import MODEL_OFF
 
 from jaxdqn import config
 from jaxdqn.agent import iteration, optim
@@ -211,12 +212,9 @@ def test_l8_seed_population_member_equals_single_seed_run():
 
 @pytest.mark.slow
 def test_l1_reward_scale_multiplies_the_learning_rewards():
-    # the network's components (M2-M13) play no part in the rewards: off, the acting programs
-    # below compile in about half the time
-    model_off = [f"model.{k}=false" for k in config.SWITCHES["model"]]
-
     def stored(scale):
-        cfg = config.load(CONFIGS / "smoke.yaml", [f"loss.reward_scale={scale}", *model_off])
+        # (off: the network's components play no part in the rewards)
+        cfg = config.load(CONFIGS / "smoke.yaml", [f"loss.reward_scale={scale}", *MODEL_OFF])
         p = market_setup.prepare(cfg)
         agent = build_agent(cfg, p)
         # (the training's initialiser, which the reward scale does not change: one program)

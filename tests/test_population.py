@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from model_overrides import MODEL_OFF
 
 from jaxdqn import config
 from jaxdqn.agent.build import build_agent, make_init
@@ -155,9 +156,9 @@ def test_h1_every_device_and_acting_member_value_follows_its_run():
     }
     grid = ["population.random=2", "population.seed=196"]  # every key >20 % of its range apart
     grid += [f"population.{k}={v}" for k, v in ranges.items()]
-    # The network's own components (M2-M13) read no member value: off, the three programs
-    # compile in about half the time; every component the keys belong to stays on.
-    grid += [f"model.{k}=false" for k in config.SWITCHES["model"]]
+    # The network's own components read no member value: off (MODEL_OFF); every component the
+    # keys belong to stays on.
+    grid += MODEL_OFF
     cfg = config.load(CONFIGS / "smoke.yaml", grid)
     ms = members(cfg)
     for key, span in ranges.items():  # the two members are apart in every key

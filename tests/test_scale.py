@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sharding_configs import PER_SAMPLE_MODEL_OFF
+from model_overrides import PER_SAMPLE_MODEL_OFF
 from sigkill import kill_when_exists
 
 from jaxdqn.agent import mesh
@@ -50,7 +50,8 @@ def worker() -> dict:
     their start-ups (Python, JAX, the market) one after another. The seed-population check runs
     with every component off (each device holds whole agents: the check is about placement),
     the data-parallel update with every component on, the data-parallel iteration with every
-    component that has batch-wide statistics or state on (``sharding_configs``)."""
+    component that has batch-wide statistics or state on
+    (``model_overrides.PER_SAMPLE_MODEL_OFF``)."""
     return _run_worker()
 
 
