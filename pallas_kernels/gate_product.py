@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_GATE_PRODUCT_BF16_BLOCKS",
     "DEFAULT_GATE_PRODUCT_BLOCKS",
     "GateProductBlocks",
+    "check_gate_product_args",
     "default_gate_product_blocks",
     "gate_product_available",
     "gate_product_inputs",
@@ -84,7 +85,10 @@ def default_gate_product_blocks(dtype) -> GateProductBlocks:
     return DEFAULT_GATE_PRODUCT_BLOCKS
 
 
-def _check(u_src, g_src, coeffs, w_res, u0, g0, f, u_bias=None, g_bias=None, cond=None):
+def check_gate_product_args(
+    u_src, g_src, coeffs, w_res, u0, g0, f, u_bias=None, g_bias=None, cond=None
+):
+    """ValueError unless the arguments' shapes agree (module docstring's math)."""
     ok = (
         u_src.ndim == 2
         and g_src.ndim == 2
@@ -148,7 +152,7 @@ def gate_product_reference(
 ):
     """``u ⊙ gate(g)`` with ``u = u_src[:, u0:u0+F] + b_u + c W_cu`` and likewise ``g`` in jnp
     (module docstring)."""
-    _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
+    check_gate_product_args(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     u, g = gate_product_inputs(
         u_src, g_src, (u0, u0 + width), (g0, g0 + width), u_bias, g_bias, cond
     )
@@ -214,7 +218,7 @@ def gate_product_pallas(
     registers), else as float32; everything else is computed in float32.
     ``blocks``: the tiling; None: :func:`default_gate_product_blocks` of the sources' dtype.
     Forward only: not differentiable (the model differentiates through its reference)."""
-    _check(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
+    check_gate_product_args(u_src, g_src, coeffs, w_res, u0, g0, width, u_bias, g_bias, cond)
     if jnp.dtype(out_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise ValueError(f"gate_product: out_dtype must be float32 or bfloat16, got {out_dtype}")
     f32 = jnp.float32

@@ -33,6 +33,9 @@ __all__ = [
     "kan_gate_fwd_pallas",
     "kan_gate_init",
     "kan_gate_reference",
+    "row_loop_grid",
+    "spline_basis_sums",
+    "spline_gate_slope_tile",
     "spline_weights",
     "tail_weights",
 ]
@@ -155,6 +158,52 @@ def spline_gate_tile(x, params, grid_min, grid_max):
     return spline + w * (jax.nn.sigmoid(x) - 0.5)
 
 
+def spline_gate_slope_tile(x, d_over_h, w, grid_min, grid_max):
+    """The gate's derivative on a tile ``x [rows, cols]`` inside a kernel, with ``d_over_h``
+    the difference rows ``d_k / h`` and ``w`` the residual weights of :func:`load_gate_params`:
+    ``Σ_j d_{i+j}·T_{j+1}'(t) / h`` inside the grid (0 outside: the spline is flat there) plus
+    ``w·σ(x)(1 − σ(x))``. Returns ``(slope, (at, t, sig))``, the interval masks, the local
+    coordinate and ``σ(x)`` for :func:`spline_basis_sums`."""
+    at, t, inside = _local(x, grid_min, grid_max)
+    s = 1.0 - t
+    t2 = t * t
+    dspline = (
+        _select(at, d_over_h, 0) * (0.5 * s * s)
+        + _select(at, d_over_h, 1) * (0.5 + t - t2)
+        + _select(at, d_over_h, 2) * (0.5 * t2)
+    )
+    sig = jax.nn.sigmoid(x)
+    return jnp.where(inside, dspline, 0.0) + w * (sig * (1.0 - sig)), (at, t, sig)
+
+
+def spline_basis_sums(accs, g, local):
+    """``accs`` (9 tiles: the 8 coefficients' and the residual weight's running gradients)
+    plus this tile's terms for the cotangent ``g`` of the gate (zero where masked):
+    ``g·B_k(x)`` for k = 0 … 7 and ``g·(σ(x) − ½)``; ``local`` from
+    :func:`spline_gate_slope_tile`."""
+    at, t, sig = local
+    s = 1.0 - t
+    t2 = t * t
+    t3 = t2 * t
+    sixth = 1.0 / 6.0
+    # basis values B_{i+j} = w_j; B_k is w_{k−i} when 0 <= k − i <= 3
+    basis = (
+        s * s * s * sixth,
+        (3.0 * t3 - 6.0 * t2 + 4.0) * sixth,
+        (-3.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth,
+        t3 * sixth,
+    )
+    new = []
+    for k in range(NUM_BASES):
+        bk = jnp.zeros_like(t)
+        for j in range(4):
+            if 0 <= k - j < NUM_INTERVALS:
+                bk = jnp.where(at[k - j], basis[j], bk)
+        new.append(accs[k] + g * bk)
+    new.append(accs[NUM_BASES] + g * (sig - 0.5))
+    return tuple(new)
+
+
 def _kan_bwd_kernel(x_ref, g_ref, c_ref, w_ref, *rest, block_b, block_f, steps, grid_min, grid_max):
     dx_ref, dc_ref, dw_ref = rest[-3:]
     num_rows, num_cols = x_ref.shape
@@ -172,36 +221,9 @@ def _kan_bwd_kernel(x_ref, g_ref, c_ref, w_ref, *rest, block_b, block_f, steps, 
         )
         x = pl_triton.load(x_ref.at[load_idx], mask=mask, other=0.0)
         g = pl_triton.load(g_ref.at[load_idx], mask=mask, other=0.0)
-        at, t, inside = _local(x, grid_min, grid_max)
-        s = 1.0 - t
-        t2 = t * t
-        sixth = 1.0 / 6.0
-        dspline = (
-            _select(at, d, 0) * (0.5 * s * s)
-            + _select(at, d, 1) * (0.5 + t - t2)
-            + _select(at, d, 2) * (0.5 * t2)
-        )
-        sig = jax.nn.sigmoid(x)
-        dx = g * (jnp.where(inside, dspline, 0.0) + w * (sig * (1.0 - sig)))
-        pl_triton.store(dx_ref.at[rows[:, None], cols[None]], dx, mask=mask)
-        # basis values B_{i+j} = w_j; B_k is w_{k−i} when 0 <= k − i <= 3
-        t3 = t2 * t
-        basis = (
-            s * s * s * sixth,
-            (3.0 * t3 - 6.0 * t2 + 4.0) * sixth,
-            (-3.0 * t3 + 3.0 * t2 + 3.0 * t + 1.0) * sixth,
-            t3 * sixth,
-        )
-        g = jnp.where(mask, g, 0.0)
-        new = []
-        for k in range(NUM_BASES):
-            bk = jnp.zeros_like(x)
-            for j in range(4):
-                if 0 <= k - j < NUM_INTERVALS:
-                    bk = jnp.where(at[k - j], basis[j], bk)
-            new.append(accs[k] + g * bk)
-        new.append(accs[NUM_BASES] + g * (sig - 0.5))
-        return tuple(new)
+        slope, local = spline_gate_slope_tile(x, d, w, grid_min, grid_max)
+        pl_triton.store(dx_ref.at[rows[:, None], cols[None]], g * slope, mask=mask)
+        return spline_basis_sums(accs, jnp.where(mask, g, 0.0), local)
 
     zeros = jnp.zeros((block_b, block_f), jnp.float32)
     accs = lax.fori_loop(0, steps, body, (zeros,) * (NUM_BASES + 1))
@@ -243,10 +265,12 @@ def kan_gate_fwd_pallas(
     )(*args)
 
 
-def _bwd_grid(num_rows, num_cols, blocks):
-    bb, bf, programs = blocks[3], blocks[4], blocks[6]
-    row_tiles = pl.cdiv(num_rows, bb)
-    col_tiles = pl.cdiv(num_cols, bf)
+def row_loop_grid(num_rows, num_cols, block_rows, block_cols, programs):
+    """The grid of a kernel whose programs loop over row tiles to sum over the rows: about
+    ``programs`` programs, ``(row programs, column tiles, steps)`` with each program looping
+    over ``steps`` row tiles of ``block_rows``."""
+    row_tiles = pl.cdiv(num_rows, block_rows)
+    col_tiles = pl.cdiv(num_cols, block_cols)
     row_programs = max(1, min(row_tiles, programs // col_tiles))
     steps = pl.cdiv(row_tiles, row_programs)
     return pl.cdiv(row_tiles, steps), col_tiles, steps
@@ -270,7 +294,7 @@ def kan_gate_bwd_pallas(
     rows into registers and writes one partial [8, block_f]; the partials are added by a jnp
     sum in a fixed order, so the result is deterministic. `out` optionally aliases dx."""
     num_rows, num_cols = x.shape
-    row_programs, col_tiles, steps = _bwd_grid(num_rows, num_cols, blocks)
+    row_programs, col_tiles, steps = row_loop_grid(num_rows, num_cols, *blocks[3:5], blocks[6])
     kernel = functools.partial(
         _kan_bwd_kernel,
         block_b=blocks[3],

@@ -645,6 +645,21 @@ def test_m3_m4_gated_kernel_in_the_model_equals_the_per_branch_modules(switches,
 
 
 @pytest.mark.parametrize(
+    "switches", [{}, {"dir_conditioning": False, "kan": False}], ids=["all_on", "no_m5_no_m4"]
+)
+@pytest.mark.slow
+def test_m3_m4_gate_grad_kernels_in_the_model_equal_the_per_branch_modules(switches):
+    """kernels.gated=gate_grad: the gate kernel forward everywhere, and in the differentiated
+    pass its backward kernel (interpreted) give the per-branch modules' outputs and gradients:
+    with M5 (the first call, three branches' columns of the product, through the kernels; M5's
+    magnitude call with its rank-3 term through the reference's VJP) and without M5 and M4
+    (one call over the whole product, the sigmoid gate)."""
+    _fused_equals_per_branch(
+        dataclasses.replace(CFG, **switches), "blockdiag", "gate_grad_interpret"
+    )
+
+
+@pytest.mark.parametrize(
     "switches",
     [{}, {"dir_conditioning": False}, {"kan": False, "selectivity": False}],
     ids=["all_on", "no_m5", "no_m4_no_m12"],
@@ -833,10 +848,11 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
     # of one head's width [B, 4N] per branch, blockdiag only magnitude's (M5) or none.
     text = str(jax.make_jaxpr(lambda p: fused.apply(p, obs, v_min, dz).logits)(params))
     names = {"interpret": "gated_value_fwd", "gate_interpret": "gate_product_fwd"}
+    names["gate_grad_interpret"] = names["gate_interpret"]
     assert ("pallas_call" in text) == (heads == "interpret" or gated in names)
     if gated in names:  # one kernel call, two with M5; no other kernel in the program
         assert text.count("pallas_call[") == 1 + cfg.dir_conditioning, text
-        assert [name in text for name in names.values()] == [k == gated for k in names]
+        assert {n for n in set(names.values()) if n in text} == {names[gated]}
     # The value/gate product [B, 8·AH] gets its bias from XLA, except under the gate kernel,
     # which adds it where it reads u and g (no pass of its own over the product).
     bias_pass = f"f32[{B},{8 * cfg.ah}] = add" in text
@@ -855,8 +871,11 @@ def _fused_equals_per_branch(cfg, heads: str, gated: str = "reference") -> None:
         return lambda p: jnp.sum(jax.nn.log_softmax(model.apply(p, obs, v_min, dz).logits) * w)
 
     g_f, g_r = jax.grad(loss(fused))(params), jax.grad(loss(ref))(params)
-    grad_text = str(jax.make_jaxpr(jax.grad(loss(fused)))(params))
-    assert "gated_value_fwd" not in grad_text and "gate_product_fwd" not in grad_text
+    grad_kernels = _pallas_call_names(jax.make_jaxpr(jax.grad(loss(fused)))(params).jaxpr)
+    if gated == "gate_grad_interpret":  # the first call's forward and backward kernels only
+        assert sorted(grad_kernels) == ["gate_grad", "gate_product_fwd"], grad_kernels
+    else:  # the gradient program differentiates the reference
+        assert not {"gated_value_fwd", "gate_product_fwd"} & set(grad_kernels), grad_kernels
     for a, b in zip(jax.tree.leaves(g_f), jax.tree.leaves(g_r), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
         np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)

@@ -246,6 +246,9 @@ def acting_kernels(setting: str, fused_setting: str) -> str:
     return _fused_setting("acting", setting, default, fused_setting)
 
 
+_GRAD = ("gate_grad", "gate_grad_interpret")  # jaxdqn.model.gated.GRAD_KERNELS
+
+
 def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str:
     """``kernels.acting_product``, checked against the settings (not the resolutions) of
     ``kernels.acting`` and ``kernels.gated``: ``bf16`` changes only the product that acting's
@@ -255,17 +258,17 @@ def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str
 
     Raises:
       ConfigError: ``bf16`` without ``kernels.acting`` auto | pallas | interpret and
-        ``kernels.gated`` auto | gate | gate_interpret.
+        ``kernels.gated`` auto | gate | gate_interpret | gate_grad | gate_grad_interpret.
     """
     if setting == "bf16" and (
         acting_setting not in ("auto", "pallas", "interpret")
-        or gated_setting not in ("auto", "gate", "gate_interpret")
+        or gated_setting not in ("auto", "gate", "gate_interpret", *_GRAD)
     ):
         raise ConfigError(
             "kernels.acting_product=bf16 is the product acting's gate kernel reads: it needs "
-            "kernels.acting=auto, pallas or interpret and kernels.gated=auto, gate or "
-            f"gate_interpret, got kernels.acting={acting_setting} and "
-            f"kernels.gated={gated_setting}"
+            "kernels.acting=auto, pallas or interpret and kernels.gated=auto, gate, "
+            "gate_interpret, gate_grad or gate_grad_interpret, got "
+            f"kernels.acting={acting_setting} and kernels.gated={gated_setting}"
         )
     return setting
 

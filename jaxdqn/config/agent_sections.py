@@ -270,13 +270,26 @@ class KernelsConfig:
         "no copy of the gate columns, no separate product pass; pallas_kernels/gate_product.py; "
         "forward only, as pallas; with kernels.acting=pallas acting is 1.14x faster than with "
         "that alone on an H100, bench/RESULTS.md), gate_interpret = that kernel under the "
-        "Pallas interpreter. "
+        "Pallas interpreter; gate_grad = gate, and in the learner's differentiated pass that "
+        "kernel forward and one Triton backward kernel (reads the cotangent and the product "
+        "once, writes the product's cotangent, sums the bias and M4 gradients in registers; "
+        "M5's magnitude call as gate; not yet measured on a GPU), gate_grad_interpret = "
+        "those kernels under the Pallas interpreter. "
         "Equal to float rounding. auto = gate where kernels.acting resolves to pallas (a GPU "
         "with the fused branches: the pair measured and learning-checked together), else "
         "reference. Without the fused branches (kernels.fused=auto on the CPU) every setting "
         "resolves to reference; with kernels.fused=reference anything but auto or reference "
         "is an error",
-        choices=("auto", "reference", "pallas", "interpret", "gate", "gate_interpret"),
+        choices=(
+            "auto",
+            "reference",
+            "pallas",
+            "interpret",
+            "gate",
+            "gate_interpret",
+            "gate_grad",
+            "gate_grad_interpret",
+        ),
     )
     acting: str = _f(
         "auto",
@@ -320,9 +333,9 @@ class KernelsConfig:
         "accumulation), read by the gate kernel and widened to float32 in registers, so the "
         "product writes and the kernel reads half the bytes (pre-activations rounded to 8 "
         "significant bits; only acting's passes: the learner and the target network keep "
-        "f32). Needs kernels.acting auto, pallas or interpret and kernels.gated auto, gate or "
-        "gate_interpret (it changes nothing where they resolve to reference). f32 is the "
-        "reference",
+        "f32). Needs kernels.acting auto, pallas or interpret and kernels.gated auto, gate, "
+        "gate_interpret, gate_grad or gate_grad_interpret (it changes nothing where they "
+        "resolve to reference). f32 is the reference",
         choices=("f32", "bf16"),
     )
     acting_activations: str = _f(

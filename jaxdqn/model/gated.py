@@ -17,12 +17,20 @@ For ``x [B, K]`` and m branches with value/gate paths ``W_u^k, W_g^k [K, AH]``, 
   where the product wrote them, adds the biases (and M5's ``cond W_cond`` for magnitude) and
   writes only ``a`` (no bias pass, no copy of the gate columns, no separate product pass; the
   jnp path where the kernel cannot be built);
-- ``gate_interpret``: that kernel under the Pallas interpreter (CPU tests).
+- ``gate_interpret``: that kernel under the Pallas interpreter (CPU tests);
+- ``gate_grad``: ``gate``, and where the model is differentiated (the learner's online pass)
+  that kernel forward and :func:`pallas_kernels.gate_grad.gate_grad_pallas` backward: one
+  pass that reads the cotangent and the product and writes the product's cotangent, the bias
+  sums (and M4's parameter sums) in registers (where u and g are one source's disjoint
+  columns and no rank term is added: the first call of the fused branches; M5's magnitude
+  call and anything else as ``gate``);
+- ``gate_grad_interpret``: those kernels under the Pallas interpreter (CPU tests).
 
-Forward only: where the model is differentiated (the learner's online pass), the custom VJP's
-forward rule runs :func:`gated_reference` (the same products and gate call as ``reference``)
-and its backward is that function's VJP, so the gradients are the reference's. Undifferentiated
-passes (acting, the target network, evaluation) run the kernel. Equal to float rounding.
+``pallas``, ``interpret``, ``gate`` and ``gate_interpret`` are forward only: where the model is
+differentiated, the custom VJP's forward rule runs the reference (:func:`gated_reference`, or
+the slices, adds, gate and product of ``gate``) and its backward is that function's VJP, so the
+gradients are the reference's. Undifferentiated passes (acting, the target network,
+evaluation) run the kernel. Every setting equals ``reference`` to float rounding.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from jax import Array
 
 from jaxdqn.model.dense import affine, default_precision
 from pallas_kernels import kan_gate
+from pallas_kernels.gate_grad import gate_grad_available, gate_grad_pallas
 from pallas_kernels.gate_product import (
     gate_product_available,
     gate_product_inputs,
@@ -47,6 +56,7 @@ __all__ = [
     "GATED",
     "GATE_KERNELS",
     "GEMM_KERNELS",
+    "GRAD_KERNELS",
     "GateSpec",
     "gate",
     "gate_product",
@@ -56,7 +66,9 @@ __all__ = [
 
 GEMM_KERNELS = ("pallas", "interpret")
 """``kernels.gated`` settings that compute the value/gate product in the kernel."""
-GATE_KERNELS = ("gate", "gate_interpret")
+GRAD_KERNELS = ("gate_grad", "gate_grad_interpret")
+"""``kernels.gated`` settings that also differentiate through the backward kernel."""
+GATE_KERNELS = ("gate", "gate_interpret", *GRAD_KERNELS)
 """``kernels.gated`` settings that keep XLA's product and fuse the gate and ``u ⊙ gate``."""
 GATED = ("reference", *GEMM_KERNELS, *GATE_KERNELS)
 """The resolved ``kernels.gated`` settings."""
@@ -194,6 +206,48 @@ def _gate_product_bwd(u_cols, g_cols, spec, out_bf16, interpret, vjp, g):
 _gate_product.defvjp(_gate_product_fwd, _gate_product_bwd)
 
 
+def _grad_kw(u0, g0, width, spec, interpret) -> dict:
+    return dict(
+        u0=u0,
+        g0=g0,
+        width=width,
+        grid_min=spec.grid_min,
+        grid_max=spec.grid_max,
+        interpret=interpret,
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _gate_product_grad(src, coeffs, w_res, u_bias, g_bias, u0, g0, width, spec, interpret):
+    kw = _grad_kw(u0, g0, width, spec, interpret)
+    return gate_product_pallas(src, src, coeffs, w_res, u_bias=u_bias, g_bias=g_bias, **kw)
+
+
+def _gate_product_grad_fwd(src, coeffs, w_res, u_bias, g_bias, u0, g0, width, spec, interpret):
+    out = _gate_product_grad(src, coeffs, w_res, u_bias, g_bias, u0, g0, width, spec, interpret)
+    return out, (src, coeffs, w_res, u_bias, g_bias)
+
+
+def _gate_product_grad_bwd(u0, g0, width, spec, interpret, residuals, da):
+    src, coeffs, w_res, u_bias, g_bias = residuals
+    kw = _grad_kw(u0, g0, width, spec, interpret)
+    grads = gate_grad_pallas(src, da, coeffs, w_res, u_bias=u_bias, g_bias=g_bias, **kw)
+    d_src, d_bu, d_bg, d_c, d_w = grads
+    return d_src, d_c, d_w, d_bu, d_bg
+
+
+_gate_product_grad.defvjp(_gate_product_grad_fwd, _gate_product_grad_bwd)
+
+
+def _grad_kernel_applies(u_src, g_src, u_cols, g_cols, cond, out_bf16) -> bool:
+    """Whether :func:`gate_grad_pallas` computes this call's VJP: one float32 source read at
+    disjoint column ranges, no rank term, a float32 result."""
+    disjoint = u_cols[1] <= g_cols[0] or g_cols[1] <= u_cols[0]
+    return (
+        u_src is g_src and u_src.dtype == jnp.float32 and cond is None and not out_bf16 and disjoint
+    )
+
+
 def gate_product(
     u_src: Array,
     g_src: Array,
@@ -217,7 +271,9 @@ def gate_product(
     (``gate``: the Pallas kernel that reads both in place and adds the rest in registers;
     ``gate_interpret``: it under the Pallas interpreter). An undifferentiated pass runs the
     kernel; a differentiated one the reference (the slices, the adds, :func:`gate`, the
-    product) and its VJP."""
+    product) and its VJP, or with ``gate_grad`` (``gate_grad_interpret``), where
+    :func:`_grad_kernel_applies`, the kernel and the backward kernel
+    :func:`~pallas_kernels.gate_grad.gate_grad_pallas`."""
     if impl not in GATE_KERNELS:
         raise ValueError(f"kernels.gated: {impl!r} is not one of {GATE_KERNELS}")
     if (u_bias is None) != (g_bias is None):
@@ -227,7 +283,17 @@ def gate_product(
     if g_cols[1] - g_cols[0] != width:
         raise ValueError(f"gate_product: column ranges of different widths: {u_cols}, {g_cols}")
     args = (u_src, g_src, coeffs, w_res, u_bias, g_bias, cond)
-    if impl == "gate":
+    interpret = impl.endswith("interpret")
+    if impl in GRAD_KERNELS and _grad_kernel_applies(u_src, g_src, u_cols, g_cols, cond, out_bf16):
+        kw = dict(u0=u_cols[0], g0=g_cols[0], bias=u_bias is not None)
+        built = interpret or (
+            gate_product_available(width, spec.kan, **kw)
+            and gate_grad_available(u_src.shape[1], width, spec.kan, **kw)
+        )
+        if built:
+            cols = (u_cols[0], g_cols[0], width)
+            return _gate_product_grad(u_src, coeffs, w_res, u_bias, g_bias, *cols, spec, interpret)
+    if not interpret:
         bias, rank = u_bias is not None, 0 if cond is None else cond[0].shape[1]
         bf16 = u_src.dtype == g_src.dtype == jnp.bfloat16
         built = gate_product_available(
@@ -242,4 +308,4 @@ def gate_product(
         )
         if not built:
             return _gate_product_reference(*args, u_cols, g_cols, spec, out_bf16)
-    return _gate_product(*args, u_cols, g_cols, spec, out_bf16, impl == "gate_interpret")
+    return _gate_product(*args, u_cols, g_cols, spec, out_bf16, interpret)
