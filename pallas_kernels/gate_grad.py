@@ -67,20 +67,28 @@ class GateGradBlocks(tuple):
 DEFAULT_GATE_GRAD_BLOCKS = GateGradBlocks()
 
 
-def _grad_covers(columns: int, u0: int, g0: int, width: int) -> bool:
-    """Whether the u and g ranges tile the source's ``columns`` exactly (no column the kernel
-    leaves unwritten)."""
-    return columns == 2 * width and {u0, g0} == {0, width}
+def _placed(d_ug, columns: int, u0: int, g0: int, width: int):
+    """``d src [B, columns]`` from the kernel's ``[du | dg]`` (``[B, 2F]``): du at u's columns,
+    dg at g's, zeros elsewhere, as one concatenation (nothing to do when ``[u | g]`` is the
+    source; otherwise XLA fuses the zeros into the cotangent's consumer, e.g. the add of M5's
+    magnitude call's cotangent, instead of a kernel writing them)."""
+    if (u0, g0, columns) == (0, width, 2 * width):
+        return d_ug
+    pieces = sorted([(u0, d_ug[:, :width]), (g0, d_ug[:, width:])], key=lambda p: p[0])
+    zeros = lambda n: jnp.zeros((d_ug.shape[0], n), d_ug.dtype)
+    out, at = [], 0
+    for start, piece in pieces:
+        out += [zeros(start - at), piece] if start > at else [piece]
+        at = start + width
+    return jnp.concatenate(out + ([zeros(columns - at)] if columns > at else []), axis=1)
 
 
-def _grad_kernel(*refs, bm, bn, steps, u0, g0, width, kan, bias, aliased, lo, hi):
+def _grad_kernel(*refs, bm, bn, steps, u0, g0, width, kan, bias, lo, hi):
     refs = iter(refs)
     src_ref, da_ref = next(refs), next(refs)
     gate_refs = (next(refs), next(refs)) if kan else None
     bu_ref, bg_ref = (next(refs), next(refs)) if bias else (None, None)
-    if aliased:
-        next(refs)  # the zeros the output aliases: the columns no range covers stay zero
-    ds_ref = next(refs)
+    dug_ref = next(refs)  # [B, 2F]: du, then dg
     dbu_ref, dbg_ref = (next(refs), next(refs)) if bias else (None, None)
     dc_ref, dw_ref = (next(refs), next(refs)) if kan else (None, None)
     num_rows = src_ref.shape[0]
@@ -112,8 +120,8 @@ def _grad_kernel(*refs, bm, bn, steps, u0, g0, width, kan, bias, aliased, lo, hi
         du = da * gate
         d_gate = jnp.where(mask, da * u, 0.0)
         dg = d_gate * slope
-        pl_triton.store(ds_ref.at[rows[:, None], (u0 + cols)[None, :]], du, mask=mask)
-        pl_triton.store(ds_ref.at[rows[:, None], (g0 + cols)[None, :]], dg, mask=mask)
+        pl_triton.store(dug_ref.at[rows[:, None], cols[None, :]], du, mask=mask)
+        pl_triton.store(dug_ref.at[rows[:, None], (width + cols)[None, :]], dg, mask=mask)
         new = ()
         if bias:
             new += (accs[0] + jnp.where(mask, du, 0.0), accs[1] + jnp.where(mask, dg, 0.0))
@@ -180,7 +188,6 @@ def gate_grad_pallas(
     num_rows, columns = src.shape
     row_programs, col_tiles, steps = row_loop_grid(num_rows, width, *blocks[:2], blocks[3])
     kan, bias = coeffs is not None, u_bias is not None
-    aliased = not _grad_covers(columns, u0, g0, width)
     kernel = functools.partial(
         _grad_kernel,
         bm=blocks[0],
@@ -191,7 +198,6 @@ def gate_grad_pallas(
         width=int(width),
         kan=kan,
         bias=bias,
-        aliased=aliased,
         lo=float(grid_min),
         hi=float(grid_max),
     )
@@ -201,12 +207,8 @@ def gate_grad_pallas(
         args += [coeffs.T.astype(f32), w_res.astype(f32)]  # [8, F]: contiguous c_k rows
     if bias:
         args += [u_bias.astype(f32), g_bias.astype(f32)]
-    aliases = {}
-    if aliased:
-        aliases = {len(args): 0}
-        args.append(jnp.zeros_like(src))
     partial = lambda *shape: jax.ShapeDtypeStruct((row_programs, *shape), f32)
-    out_shape = [jax.ShapeDtypeStruct(src.shape, f32)]
+    out_shape = [jax.ShapeDtypeStruct((num_rows, 2 * width), f32)]
     if bias:
         out_shape += [partial(width), partial(width)]
     if kan:
@@ -215,12 +217,11 @@ def gate_grad_pallas(
         kernel,
         out_shape=tuple(out_shape),
         grid=(row_programs, col_tiles),
-        input_output_aliases=aliases,
         compiler_params=_backend.compiler_params(blocks[2]),
         interpret=interpret,
         name="gate_grad",
     )(*args)
-    d_src, outs = outs[0], list(outs[1:])
+    d_src, outs = _placed(outs[0], columns, u0, g0, width), list(outs[1:])
     d_bu = d_bg = d_c = d_w = None
     if bias:
         d_bu, d_bg = jnp.sum(outs.pop(0), axis=0), jnp.sum(outs.pop(0), axis=0)

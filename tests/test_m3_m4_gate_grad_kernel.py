@@ -142,7 +142,8 @@ def test_m3_gate_grad_kernel_lowers_to_triton_at_learner_sizes():
     """Pallas → Triton IR for CUDA on the CPU (no GPU needed) at configs/gpu.yaml's learner
     sizes (B = 4,096 rows of the fused bias-free product [u | g], 2,048 columns): all four
     branches in one call (F = 1,024, the source covered: no zeros written first) and M5's
-    first call (three branches, F = 768 at 0 and 1,024: the output starts as zeros), with the
+    first call (three branches, F = 768 at 0 and 1,024: XLA places ``[du | dg]`` among zero
+    columns), with the
     KAN gate and the sigmoid, with the biases."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     for f, g0 in ((1024, 1024), (768, 1024)):
