@@ -31,7 +31,7 @@ from pallas_kernels.gate_product import gate_product_reference
 
 TILINGS = (
     "8x128x4x1024,4x128x4x1024,8x64x4x1024,16x128x8x1024,8x128x4x256,8x128x4x4096,"
-    "2x256x4x1024,32x32x4x1024,4x64x2x1024"
+    "2x256x4x1024,4x64x2x1024,8x128x4x1024x1,16x128x4x1024x1,32x64x4x1024x1"
 )
 CASES = ((1024, 1024, False), (768, 1024, True), (1024, 1024, True))
 
@@ -73,7 +73,8 @@ def error(got, want) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, interpret mode")
-    parser.add_argument("--tilings", default=TILINGS, help="bm x bn x warps x programs, ...")
+    tiling_help = "bm x bn x warps x programs [x row_sums], ..."
+    parser.add_argument("--tilings", default=TILINGS, help=tiling_help)
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     rows, columns, scale = (4096, 2048, 1) if not args.smoke else (40, 64, 32)

@@ -49,19 +49,24 @@ __all__ = [
 
 
 class GateGradBlocks(tuple):
-    """Static tiling of :func:`gate_grad_pallas`: (bm rows, bn columns, warps, programs).
-    ``programs`` is the target number of programs: each loops over ⌈B / (bm · row programs)⌉
-    row tiles and writes one partial of the column sums (biases, M4's parameters), added by a
-    jnp sum in a fixed order (deterministic, no atomics). The default is P2's backward tiling
+    """Static tiling of :func:`gate_grad_pallas`: (bm rows, bn columns, warps, programs,
+    row_sums). ``programs`` is the target number of programs: each loops over
+    ⌈B / (bm · row programs)⌉ row tiles and writes one partial of the column sums (biases, M4's
+    parameters), added by a jnp sum in a fixed order (deterministic, no atomics).
+    ``row_sums``: 0 keeps each sum as a ``[bm, bn]`` tile in registers (summed over its rows
+    once, at the end), 1 sums every step's tile over its rows into a ``[bn]`` row (a reduction
+    a step, ``bm``× fewer registers: eleven sums with M4). The default is P2's backward tiling
     (:class:`pallas_kernels.kan.KanBlocks`), not measured for this kernel."""
 
-    def __new__(cls, bm=8, bn=128, warps=4, programs=1024):
+    def __new__(cls, bm=8, bn=128, warps=4, programs=1024, row_sums=0):
         for v in (bm, bn):
             if v & (v - 1) or v <= 0:
                 raise ValueError(f"gate_grad: block sizes must be powers of two, got {v}")
         if programs < 1:
             raise ValueError(f"gate_grad: programs must be >= 1, got {programs}")
-        return super().__new__(cls, (bm, bn, warps, programs))
+        if row_sums not in (0, 1):
+            raise ValueError(f"gate_grad: row_sums must be 0 or 1, got {row_sums}")
+        return super().__new__(cls, (bm, bn, warps, programs, row_sums))
 
 
 DEFAULT_GATE_GRAD_BLOCKS = GateGradBlocks()
@@ -83,7 +88,7 @@ def _placed(d_ug, columns: int, u0: int, g0: int, width: int):
     return jnp.concatenate(out + ([zeros(columns - at)] if columns > at else []), axis=1)
 
 
-def _grad_kernel(*refs, bm, bn, steps, u0, g0, width, kan, bias, lo, hi):
+def _grad_kernel(*refs, bm, bn, steps, row_sums, u0, g0, width, kan, bias, lo, hi):
     refs = iter(refs)
     src_ref, da_ref = next(refs), next(refs)
     gate_refs = (next(refs), next(refs)) if kan else None
@@ -122,15 +127,17 @@ def _grad_kernel(*refs, bm, bn, steps, u0, g0, width, kan, bias, lo, hi):
         dg = d_gate * slope
         pl_triton.store(dug_ref.at[rows[:, None], cols[None, :]], du, mask=mask)
         pl_triton.store(dug_ref.at[rows[:, None], (width + cols)[None, :]], dg, mask=mask)
-        new = ()
+        terms = ()
         if bias:
-            new += (accs[0] + jnp.where(mask, du, 0.0), accs[1] + jnp.where(mask, dg, 0.0))
+            terms += (jnp.where(mask, du, 0.0), jnp.where(mask, dg, 0.0))
         if kan:
-            new += spline_basis_sums(accs[len(new) :], d_gate, local)
-        return new
+            terms += spline_basis_sums((0.0,) * (NUM_BASES + 1), d_gate, local)
+        if row_sums:
+            terms = tuple(jnp.sum(t, axis=0, keepdims=True) for t in terms)
+        return tuple(a + t for a, t in zip(accs, terms, strict=True))
 
     count = (2 if bias else 0) + (NUM_BASES + 1 if kan else 0)
-    zeros = jnp.zeros((bm, bn), jnp.float32)
+    zeros = jnp.zeros((1 if row_sums else bm, bn), jnp.float32)
     accs = lax.fori_loop(0, steps, body, (zeros,) * count)
     store = lambda ref, v: pl_triton.store(ref.at[pid_b, cols], jnp.sum(v, axis=0), mask=col_ok)
     if bias:
@@ -193,6 +200,7 @@ def gate_grad_pallas(
         bm=blocks[0],
         bn=blocks[1],
         steps=steps,
+        row_sums=blocks[4],
         u0=int(u0),
         g0=int(g0),
         width=int(width),

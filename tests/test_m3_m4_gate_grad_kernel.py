@@ -71,16 +71,18 @@ def _float64_vjp(src, da, gate, biases, u0, g0, f):
         (37, 40, "u_then_g", True, GateGradBlocks(8, 16, 4, 4)),
         (70, 24, "g_then_u", False, GateGradBlocks(16, 16, 4, 3)),
         (45, 24, "spare_columns", True, GateGradBlocks(8, 32, 4, 1024)),
+        (45, 40, "u_then_g", True, GateGradBlocks(16, 16, 4, 2, row_sums=1)),
         (19, 24, "u_then_g", True, DEFAULT_GATE_GRAD_BLOCKS),
     ],
-    ids=["ragged", "g_first", "m5_first_call", "default_blocks"],
+    ids=["ragged", "g_first", "m5_first_call", "row_sums", "default_blocks"],
 )
 def test_m3_m4_gate_grad_kernel_equals_the_float64_vjp(kan, rows, f, layout, bias, blocks):
     """d src (du at u's columns, dg at g's, zero in every other column), the biases' column
     sums and M4's coefficient and residual-weight sums equal the float64 VJP of the reference
     for: [u | g] covering the source (the all-off learner's one call), [g | u], and u and g
     with columns between and after them (M5's first call: three branches' columns of the four);
-    ragged rows and columns; row loops of several steps (few programs) and of one."""
+    ragged rows and columns; row loops of several steps (few programs) and of one; the sums
+    kept as tiles or summed over the rows every step (``row_sums``)."""
     layouts = {"u_then_g": (2 * f, 0, f), "g_then_u": (2 * f, f, 0)}
     columns, u0, g0 = layouts.get(layout, (2 * f + 13, 3, f + 7))
     src, da, gate, biases = _problem(rows, columns, f, kan, bias, seed=rows + f)
@@ -131,6 +133,8 @@ def test_m3_gate_grad_kernel_refuses_bad_inputs():
         GateGradBlocks(24, 128)
     with pytest.raises(ValueError, match="programs"):
         GateGradBlocks(8, 128, 4, 0)
+    with pytest.raises(ValueError, match="row_sums"):
+        GateGradBlocks(8, 128, 4, 1024, 2)
     if jax.default_backend() == "gpu":
         assert gate_grad_available(32, 16, True, u0=0, g0=16, bias=True)
     else:  # no Triton here: one warning, False, and the model differentiates its reference
@@ -144,20 +148,23 @@ def test_m3_gate_grad_kernel_lowers_to_triton_at_learner_sizes():
     branches in one call (F = 1,024, the source covered: no zeros written first) and M5's
     first call (three branches, F = 768 at 0 and 1,024: XLA places ``[du | dg]`` among zero
     columns), with the
-    KAN gate and the sigmoid, with the biases."""
+    KAN gate and the sigmoid, with the biases, the sums as tiles and as rows."""
     spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
     for f, g0 in ((1024, 1024), (768, 1024)):
         for kan in (True, False):
             gate = (spec(f, 8), spec(f)) if kan else (None, None)
 
-            def run(src, da, c, w, bu, bg, f=f, g0=g0):
-                return gate_grad_pallas(src, da, c, w, u0=0, g0=g0, width=f, u_bias=bu, g_bias=bg)
+            for blocks in (DEFAULT_GATE_GRAD_BLOCKS, GateGradBlocks(8, 128, 4, 1024, 1)):
 
-            args = (spec(4096, 2048), spec(4096, f), *gate, spec(f), spec(f))
-            text = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-            assert text.count("__gpu$xla.gpu.triton") == 1
-            partials = text.count(f"x{f}xf32>")  # the [programs, F] bias (and w_res) partials
-            assert partials >= 2 + kan, text
+                def run(src, da, c, w, bu, bg, f=f, g0=g0, blocks=blocks):
+                    kw = dict(u0=0, g0=g0, width=f, u_bias=bu, g_bias=bg, blocks=blocks)
+                    return gate_grad_pallas(src, da, c, w, **kw)
+
+                args = (spec(4096, 2048), spec(4096, f), *gate, spec(f), spec(f))
+                text = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+                assert text.count("__gpu$xla.gpu.triton") == 1
+                partials = text.count(f"x{f}xf32>")  # the [programs, F] bias (and w_res) partials
+                assert partials >= 2 + kan, text
 
 
 def test_m3_m4_gate_grad_kernel_under_vmap_equals_each_member_alone():
