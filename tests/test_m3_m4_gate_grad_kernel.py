@@ -64,19 +64,19 @@ def _float64_vjp(src, da, gate, biases, u0, g0, f):
         return [None if v is None else np.asarray(v) for v in (d_src, d_bu, d_bg, d_c, d_w)]
 
 
-@pytest.mark.parametrize("kan", [True, False], ids=["kan", "sigmoid"])
 @pytest.mark.parametrize(
-    "rows,f,layout,bias,blocks",
+    "rows,f,layout,kan,bias,blocks",
     [
-        (37, 40, "u_then_g", True, GateGradBlocks(8, 16, 4, 4)),
-        (70, 24, "g_then_u", False, GateGradBlocks(16, 16, 4, 3)),
-        (45, 24, "spare_columns", True, GateGradBlocks(8, 32, 4, 1024)),
-        (45, 40, "u_then_g", True, GateGradBlocks(16, 16, 4, 2, row_sums=1)),
-        (19, 24, "u_then_g", True, DEFAULT_GATE_GRAD_BLOCKS),
+        (37, 40, "u_then_g", True, True, GateGradBlocks(8, 16, 4, 4)),
+        (70, 24, "g_then_u", False, False, GateGradBlocks(16, 16, 4, 3)),
+        (45, 24, "spare_columns", True, True, GateGradBlocks(8, 32, 4, 1024)),
+        (45, 24, "spare_columns", False, True, GateGradBlocks(8, 32, 4, 1024)),
+        (45, 40, "u_then_g", True, True, GateGradBlocks(16, 16, 4, 2, row_sums=1)),
+        (19, 24, "u_then_g", False, True, DEFAULT_GATE_GRAD_BLOCKS),
     ],
-    ids=["ragged", "g_first", "m5_first_call", "row_sums", "default_blocks"],
+    ids=["ragged_kan", "g_first", "m5_first_call_kan", "m5_first_call", "row_sums_kan", "default"],
 )
-def test_m3_m4_gate_grad_kernel_equals_the_float64_vjp(kan, rows, f, layout, bias, blocks):
+def test_m3_m4_gate_grad_kernel_equals_the_float64_vjp(rows, f, layout, kan, bias, blocks):
     """d src (du at u's columns, dg at g's, zero in every other column), the biases' column
     sums and M4's coefficient and residual-weight sums equal the float64 VJP of the reference
     for: [u | g] covering the source (the all-off learner's one call), [g | u], and u and g
