@@ -78,7 +78,12 @@ def test_x1_resolve_gives_one_device_its_share_and_keeps_learning_starts_global(
     "name,rule,default,choices",
     [
         ("heads", head_kernels, "blockdiag", ("split", "pallas", "interpret")),
-        ("gated", gated_kernels, "reference", ("pallas", "interpret", "gate", "gate_interpret")),
+        (
+            "gated",
+            gated_kernels,
+            "reference",
+            ("pallas", "interpret", "gate", "gate_interpret", "gate_grad", "gate_grad_interpret"),
+        ),
         ("acting", acting_kernels, "reference", ("pallas", "interpret")),
     ],
     ids=["m6_heads", "m3_m4_gated", "m6_m7_acting"],
@@ -143,6 +148,8 @@ def test_m3_m4_acting_product_bf16_needs_the_acting_and_gate_kernels():
     there); without either it is an error naming both settings; f32 goes with anything."""
     assert acting_product("bf16", "pallas", "gate") == "bf16"
     assert acting_product("bf16", "interpret", "gate_interpret") == "bf16"
+    assert acting_product("bf16", "pallas", "gate_grad") == "bf16"  # the same forward kernel
+    assert acting_product("bf16", "interpret", "gate_grad_interpret") == "bf16"
     assert (
         acting_product("bf16", "auto", "auto") == acting_product("bf16", "auto", "gate") == "bf16"
     )
