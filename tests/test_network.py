@@ -965,21 +965,39 @@ def test_kernels_matmul_bf16_rounds_the_operands_of_every_model_product(
 
 
 def test_m3_fused_offset_table_places_every_path_once_and_restores_the_branch_order():
-    """The fused branches' one offset table: 8 blocks of AH columns (the value paths in
-    FUSED_ORDER, then the gate paths), disjoint and covering [0, 8·AH); FROM_FUSED maps the
-    fused order back to BRANCH_KEYS (direction, magnitude, order, urgency)."""
-    from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
+    """The fused branches' one offset table: 8 blocks of AH columns (the value paths in the
+    computed order, then the gate paths), disjoint and covering [0, 8·AH). With M5 the order is
+    FUSED_ORDER (magnitude last) and FROM_FUSED maps it back to BRANCH_KEYS (direction,
+    magnitude, order, urgency); without M5 it is BRANCH_KEYS itself (no reordering)."""
+    from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns, fused_order
 
     ah = 5
-    cols = fused_columns(ah)
-    assert list(cols) == [(p, k) for p in ("value", "gate") for k in FUSED_ORDER]
-    starts = sorted(c.start for c in cols.values())
-    assert starts == [i * ah for i in range(8)]
-    assert all(c.stop - c.start == ah for c in cols.values())
-    assert cols["gate", "branch_magnitude"] == slice(7 * ah, 8 * ah)
+    assert fused_order(True) == FUSED_ORDER and fused_order(False) == N.BRANCH_KEYS
+    for order in (FUSED_ORDER, N.BRANCH_KEYS):
+        cols = fused_columns(ah, order)
+        assert list(cols) == [(p, k) for p in ("value", "gate") for k in order]
+        starts = sorted(c.start for c in cols.values())
+        assert starts == [i * ah for i in range(8)]
+        assert all(c.stop - c.start == ah for c in cols.values())
+    assert fused_columns(ah) == fused_columns(ah, FUSED_ORDER)
+    assert fused_columns(ah)["gate", "branch_magnitude"] == slice(7 * ah, 8 * ah)
     assert FUSED_ORDER[-1] == "branch_magnitude"  # M5 conditions it on the others' pass
     assert FROM_FUSED == (0, 3, 1, 2)
     assert tuple(FUSED_ORDER[i] for i in FROM_FUSED) == N.BRANCH_KEYS
+
+
+def test_m3_fused_branches_without_m5_return_the_heads_output_without_a_reordering_copy():
+    """Without M5 the fused branches are computed in the output order: the program stacks no
+    per-branch slices back together (with M5 it must: magnitude's head is a pass of its own)."""
+    obs, v_min, dz = _obs(B), jnp.linspace(-1.0, -0.5, B), jnp.linspace(0.1, 0.3, B)
+    for m5 in (False, True):
+        model = N.make_model(dataclasses.replace(CFG, dir_conditioning=m5), OBS_DIM, fused=True)
+        params = model.init(jax.random.PRNGKey(3))
+        logits = lambda p, model=model: model.apply(p, obs, v_min, dz).logits
+        text = str(jax.make_jaxpr(logits)(params))
+        # (jnp.stack is a `stack` primitive on jax 0.10, a concatenate elsewhere)
+        stacked = re.search(rf"f32\[{B},4,3,{CFG.num_atoms}\] = (stack|concatenate)", text)
+        assert bool(stacked) == m5, text
 
 
 def _highest_dots(jaxpr) -> int:

@@ -5,7 +5,8 @@ logits (``kernels.acting``).
 
 :func:`fused_branches` runs inside :class:`jaxdqn.model.network.Network`'s compact call (its
 :class:`BranchParams` are the Network's submodules, named as the per-branch modules). With
-branches ordered k = (direction, order, urgency, magnitude) (:data:`FUSED_ORDER`):
+branches ordered k = (direction, order, urgency, magnitude) under M5 (:data:`FUSED_ORDER`), else
+in the output order (direction, magnitude, order, urgency) (:func:`fused_order`):
 
 1. one matrix product ``[u_k | g_k]_k = h_m [W_u^k | W_g^k]_k + b`` for every branch's value and
    gate path (the magnitude branch's rows for h_m only), then one gate call (M4's kernel, or the
@@ -36,7 +37,7 @@ from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
 from jaxdqn.model.dense import affine, bf16_linear, default_precision, linear
-from jaxdqn.model.fused_layout import FROM_FUSED, FUSED_ORDER, fused_columns
+from jaxdqn.model.fused_layout import FROM_FUSED, fused_columns, fused_order
 from jaxdqn.model.heads import branch_heads
 from pallas_kernels import kan_gate_init
 from pallas_kernels.head_statistics import head_statistics_available, head_statistics_pallas
@@ -154,7 +155,8 @@ def fused_branches(
     """
     sh2 = h_m.shape[1]
     ah, n = cfg.ah, cfg.num_atoms
-    cols = fused_columns(ah)
+    order = fused_order(cfg.dir_conditioning)
+    cols = fused_columns(ah, order)
     mag_width = sh2 + NUM_ACTIONS if cfg.dir_conditioning else sh2
     width = lambda key: mag_width if key == "branch_magnitude" else sh2
     # in the creation order of the per-branch modules
@@ -167,7 +169,7 @@ def fused_branches(
     # gate kernel then writes it so (half the bytes written and read, the same numbers).
     bf16_statistics = statistics is not None and bf16_products
     if not gemm_kernel:
-        # [B, 8·AH]: the columns of `cols` (value paths in FUSED_ORDER, then gate paths)
+        # [B, 8·AH]: the columns of `cols` (value paths in `order`, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
         b = jnp.concatenate([prm[k][path][1] for path, k in cols])
         # The gate kernel adds the biases where it reads u and g: XLA would add them in a
@@ -217,7 +219,7 @@ def fused_branches(
             interpret=statistics == "interpret",
         )
 
-    first = FUSED_ORDER[:3] if cfg.dir_conditioning else FUSED_ORDER
+    first = order[:3] if cfg.dir_conditioning else order
     span = lambda path: slice(cols[path, first[0]].start, cols[path, first[-1]].stop)
     if gemm_kernel:  # M3 + M4 in one kernel per call (gated.py)
         a = gated_lib.gated_values([prm[k] for k in first], h_m, spec, gated_kernels)
@@ -226,29 +228,31 @@ def fused_branches(
     else:
         a = gated(pre, pre, span("value"), span("gate"), first)
     out = heads(a, first)
+    if not cfg.dir_conditioning:  # computed in the output order: nothing to reorder
+        return out if statistics is None else BranchStatistics(*out)
     branch = lambda x, i: jax.tree.map(lambda y: y[:, i], x)
     fused = [branch(out, i) for i in range(len(first))]  # FUSED_ORDER
-    if cfg.dir_conditioning:
-        if statistics is None:
-            p_dir = jax.nn.softmax(fused[0], axis=-1)
-            q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
-        else:
-            q_dir = fused[0].mean
-        cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
-        mag_key = ("branch_magnitude",)
-        mag = prm[mag_key[0]]
-        if gemm_kernel:
-            x = jnp.concatenate([h_m, cond], 1)
-            a = gated_lib.gated_values([mag], x, spec, gated_kernels)
-        elif gate_kernel:  # cond W_cond in the kernel: r = 3 FMAs per element, no GEMM
-            w_cond = (mag["value"][0][sh2:], mag["gate"][0][sh2:])
-            mag_cols = cols["value", mag_key[0]], cols["gate", mag_key[0]]
-            a = gate_kernel_call(*mag_cols, mag_key, (cond, *w_cond))
-        else:
-            u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
-            g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
-            a = gated(u, g, slice(0, ah), slice(0, ah), mag_key)
-        fused.append(branch(heads(a, mag_key), 0))
+    # M5: magnitude's pass, conditioned on the direction's E[Q]
+    if statistics is None:
+        p_dir = jax.nn.softmax(fused[0], axis=-1)
+        q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
+    else:
+        q_dir = fused[0].mean
+    cond = jax.lax.stop_gradient(q_dir / delta_z[:, None])  # as in the per-branch path
+    mag_key = ("branch_magnitude",)
+    mag = prm[mag_key[0]]
+    if gemm_kernel:
+        x = jnp.concatenate([h_m, cond], 1)
+        a = gated_lib.gated_values([mag], x, spec, gated_kernels)
+    elif gate_kernel:  # cond W_cond in the kernel: r = 3 FMAs per element, no GEMM
+        w_cond = (mag["value"][0][sh2:], mag["gate"][0][sh2:])
+        mag_cols = cols["value", mag_key[0]], cols["gate", mag_key[0]]
+        a = gate_kernel_call(*mag_cols, mag_key, (cond, *w_cond))
+    else:
+        u = pre[:, cols["value", mag_key[0]]] + cond @ mag["value"][0][sh2:]
+        g = pre[:, cols["gate", mag_key[0]]] + cond @ mag["gate"][0][sh2:]
+        a = gated(u, g, slice(0, ah), slice(0, ah), mag_key)
+    fused.append(branch(heads(a, mag_key), 0))
     ordered = [fused[i] for i in FROM_FUSED]
     out = jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *ordered)
     return out if statistics is None else BranchStatistics(*out)
