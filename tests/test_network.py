@@ -447,7 +447,8 @@ def test_m7_statistics_implementations_in_the_model_equal_the_reference(
     other = N.make_model(CFG, OBS_DIM, kan_backend="reference", statistics=statistics)
     params = _perturb(params, jax.random.PRNGKey(21))
     obs, v_min, dz = _obs(B), jnp.linspace(-2.0, -0.5, B), jnp.linspace(0.05, 0.3, B)
-    out_r, out_o = ref.apply(params, obs, v_min, dz), other.apply(params, obs, v_min, dz)
+    # (jitted: the interpreted kernel run op by op takes ~10 s on a 2-core CPU)
+    out_r, out_o = (jax.jit(m.apply)(params, obs, v_min, dz) for m in (ref, other))
     program = lambda m: str(jax.make_jaxpr(lambda p: m.apply(p, obs, v_min, dz)[2:5])(params))
     assert (marker in program(other)) == in_other and (marker in program(ref)) != in_other
     for name in ("q_mean", "q_var", "quantiles", "probs", "logits"):
@@ -461,7 +462,7 @@ def test_m7_statistics_implementations_in_the_model_equal_the_reference(
 
         return f
 
-    g_r, g_o = jax.grad(loss(ref))(params), jax.grad(loss(other))(params)
+    g_r, g_o = (jax.jit(jax.grad(loss(m)))(params) for m in (ref, other))
     for a, b in zip(jax.tree.leaves(g_o), jax.tree.leaves(g_r), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-6
         np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=1e-5)
