@@ -122,14 +122,15 @@ def _grad_kernel(*refs, bm, bn, steps, row_sums, u0, g0, width, kan, bias, lo, h
         else:
             gate = jax.nn.sigmoid(g)
             slope = gate * (1.0 - gate)
+        # da is 0 outside the mask (and u, g finite there), so every term below is 0 there
         du = da * gate
-        d_gate = jnp.where(mask, da * u, 0.0)
+        d_gate = da * u
         dg = d_gate * slope
         pl_triton.store(dug_ref.at[rows[:, None], cols[None, :]], du, mask=mask)
         pl_triton.store(dug_ref.at[rows[:, None], (width + cols)[None, :]], dg, mask=mask)
         terms = ()
         if bias:
-            terms += (jnp.where(mask, du, 0.0), jnp.where(mask, dg, 0.0))
+            terms += (du, dg)
         if kan:
             terms += spline_basis_sums((0.0,) * (NUM_BASES + 1), d_gate, local)
         if row_sums:

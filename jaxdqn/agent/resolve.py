@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from jaxdqn.config import Config, ConfigError, ReplayConfig
+from jaxdqn.model.gated import GATE_KERNELS
 from jaxdqn.shards import ONE_DEVICE, Shards
 
 __all__ = [
@@ -246,9 +247,6 @@ def acting_kernels(setting: str, fused_setting: str) -> str:
     return _fused_setting("acting", setting, default, fused_setting)
 
 
-_GRAD = ("gate_grad", "gate_grad_interpret")  # jaxdqn.model.gated.GRAD_KERNELS
-
-
 def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str:
     """``kernels.acting_product``, checked against the settings (not the resolutions) of
     ``kernels.acting`` and ``kernels.gated``: ``bf16`` changes only the product that acting's
@@ -262,13 +260,13 @@ def acting_product(setting: str, acting_setting: str, gated_setting: str) -> str
     """
     if setting == "bf16" and (
         acting_setting not in ("auto", "pallas", "interpret")
-        or gated_setting not in ("auto", "gate", "gate_interpret", *_GRAD)
+        or gated_setting not in ("auto", *GATE_KERNELS)
     ):
         raise ConfigError(
             "kernels.acting_product=bf16 is the product acting's gate kernel reads: it needs "
-            "kernels.acting=auto, pallas or interpret and kernels.gated=auto, gate, "
-            "gate_interpret, gate_grad or gate_grad_interpret, got "
-            f"kernels.acting={acting_setting} and kernels.gated={gated_setting}"
+            "kernels.acting=auto, pallas or interpret and kernels.gated=auto, "
+            f"{', '.join(GATE_KERNELS)}, got kernels.acting={acting_setting} and "
+            f"kernels.gated={gated_setting}"
         )
     return setting
 
