@@ -217,3 +217,19 @@ def test_m6_m3_p1_resolve_kernels_names_what_resolve_runs_on_this_backend(monkey
     kernels = dataclasses.replace(cfg.kernels, acting="reference", acting_product="bf16")
     with pytest.raises(ConfigError, match=r"kernels\.acting_product=bf16"):
         resolve_kernels(dataclasses.replace(cfg, kernels=kernels))
+
+
+def test_p1_provenance_names_the_projection_kernel_the_pallas_backend_runs(monkeypatch, tmp_path):
+    """A run's provenance tells P1's two Pallas kernels apart: ``pallas:hat`` at the model's
+    ≤ 64 atoms on a GPU under train.deterministic; the CPU's reference stays ``reference``."""
+    from jaxdqn.program.records.provenance import provenance
+
+    monkeypatch.setattr("jax.default_backend", lambda: "cpu")
+    assert " projection=reference" in provenance(Config(), tmp_path)["kernels"]
+    monkeypatch.setattr("jax.default_backend", lambda: "gpu")
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    assert provenance(cfg, tmp_path)["kernels"].endswith(" projection=pallas:hat")
+    kernels = dataclasses.replace(cfg.kernels, projection="window")
+    window = provenance(dataclasses.replace(cfg, kernels=kernels), tmp_path)["kernels"]
+    assert window.endswith(" projection=window")

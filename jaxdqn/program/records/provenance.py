@@ -5,7 +5,8 @@ outside a git checkout), the software (Python, jax, jaxlib), the hardware (platf
 kind and count, processes), the ``XLA_FLAGS`` the process ran with, the compilation cache
 folder (None when off), what the kernel settings resolved to on this machine
 (:func:`jaxdqn.agent.resolve.resolve_kernels`: the fused branches, heads, statistics, gated
-path, acting, acting's product and activations, P1's projection; ``auto`` picks other kernels
+path, acting, acting's product and activations, P1's projection with its kernel, e.g.
+``pallas:hat``; ``auto`` picks other kernels
 on a GPU than on the CPU), the seed, ``train.deterministic`` and the SHA-256 of the run's
 ``config.yaml``. With the same code, software, hardware, flags and config, a run with
 ``train.deterministic`` repeats bit for bit on the CPU; on a GPU also with the same
@@ -27,6 +28,7 @@ import jax
 
 from jaxdqn.agent.resolve import resolve_kernels
 from jaxdqn.config import Config
+from pallas_kernels.projection import default_method
 
 __all__ = ["git_commit", "provenance"]
 
@@ -50,6 +52,16 @@ def git_commit(where: Path = _PACKAGE_DIR) -> str | None:
     return commit + ("+dirty" if dirty else "") if commit else None
 
 
+def _kernels(cfg: Config) -> dict[str, str]:
+    """:func:`resolve_kernels`, with P1's Pallas backends naming the kernel they run at the
+    model's atoms (``pallas:hat``: the hat kernel up to 64 padded atoms, ``pallas:window``
+    above), so that the two P1 kernels are told apart."""
+    kernels = resolve_kernels(cfg)
+    if kernels["projection"] in ("pallas", "interpret"):
+        kernels["projection"] += ":" + default_method(cfg.model.num_atoms)
+    return kernels
+
+
 def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
     """The ``provenance`` entry of ``summary.json`` (every value a string, number, bool or
     None)."""
@@ -69,7 +81,7 @@ def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "compile_cache": jax.config.jax_compilation_cache_dir,
-        "kernels": " ".join(f"{k}={v}" for k, v in resolve_kernels(cfg).items()),
+        "kernels": " ".join(f"{k}={v}" for k, v in _kernels(cfg).items()),
         "seed": cfg.seed,
         "deterministic": cfg.train.deterministic,
         "config_sha256": digest,
