@@ -274,7 +274,7 @@ class KernelsConfig:
         "kernel forward and one Triton backward kernel (reads the cotangent and the product "
         "once, writes the product's cotangent, sums the bias and M4 gradients in registers; "
         "M5's magnitude call as gate; H100: all off 902 -> 885 us an update, all on 1,526 -> "
-        "1,670, bench/RESULTS.md), gate_grad_interpret = "
+        "1,670 and 1,443 -> 1,523 in two sessions, bench/RESULTS.md), gate_grad_interpret = "
         "those kernels under the Pallas interpreter. "
         "Equal to float rounding. auto = gate where kernels.acting resolves to pallas (a GPU "
         "with the fused branches: the pair measured and learning-checked together), else "
