@@ -41,8 +41,8 @@ from pallas_kernels.kan import (
 )
 
 __all__ = [
-    "DEFAULT_GATE_GRAD_BLOCKS",
     "GateGradBlocks",
+    "default_gate_grad_blocks",
     "gate_grad_available",
     "gate_grad_pallas",
 ]
@@ -55,8 +55,8 @@ class GateGradBlocks(tuple):
     parameters), added by a jnp sum in a fixed order (deterministic, no atomics).
     ``row_sums``: 0 keeps each sum as a ``[bm, bn]`` tile in registers (summed over its rows
     once, at the end), 1 sums every step's tile over its rows into a ``[bn]`` row (a reduction
-    a step, ``bm``× fewer registers: eleven sums with M4). The default is P2's backward tiling
-    (:class:`pallas_kernels.kan.KanBlocks`), not measured for this kernel."""
+    a step, ``bm``× fewer registers: eleven sums with M4). The defaults by gate kind:
+    :func:`default_gate_grad_blocks`."""
 
     def __new__(cls, bm=8, bn=128, warps=4, programs=1024, row_sums=0):
         for v in (bm, bn):
@@ -69,7 +69,13 @@ class GateGradBlocks(tuple):
         return super().__new__(cls, (bm, bn, warps, programs, row_sums))
 
 
-DEFAULT_GATE_GRAD_BLOCKS = GateGradBlocks()
+def default_gate_grad_blocks(kan: bool) -> GateGradBlocks:
+    """The tiling measured fastest for the gate kind at the learner's 4,096 rows and F = 1,024
+    (``bench/gate_grad.py``, one H100, 2026-12-07, eleven tilings, medians of 7): the sigmoid
+    8 × 128, 4 warps, per-step row sums (26.7 µs against 35.9 for the tile sums); M4's KAN
+    gate 8 × 64, 4 warps, tile sums (79.4 µs against 102.8 at 8 × 128; also the fastest at
+    M5's F = 768: 84.7 against 136.6)."""
+    return GateGradBlocks(8, 64, 4, 1024, 0) if kan else GateGradBlocks(8, 128, 4, 1024, 1)
 
 
 def _placed(d_ug, columns: int, u0: int, g0: int, width: int):
@@ -164,7 +170,7 @@ def gate_grad_pallas(
     g_bias=None,
     grid_min=-3.0,
     grid_max=3.0,
-    blocks=DEFAULT_GATE_GRAD_BLOCKS,
+    blocks=None,
     interpret=False,
 ):
     """The VJP of :func:`pallas_kernels.gate_product.gate_product_pallas` with ``u_src = g_src =
@@ -178,6 +184,7 @@ def gate_grad_pallas(
       da: ``[B, F]`` float32.
       coeffs, w_res: M4's ``[F, 8]`` and ``[F]``, or both None (the sigmoid).
       u_bias, g_bias: ``[F]`` each, or both None.
+      blocks: a :class:`GateGradBlocks` tiling; None: :func:`default_gate_grad_blocks`'s.
     Returns:
       ``(d_src [B, C], d_u_bias, d_g_bias, d_coeffs, d_w_res)``, float32, None for an
       argument that was None.
@@ -192,7 +199,7 @@ def gate_grad_pallas(
         raise ValueError(
             f"gate_grad: the ranges [{u0}, {u0 + width}) and [{g0}, {g0 + width}) overlap"
         )
-    blocks = GateGradBlocks(*blocks)
+    blocks = GateGradBlocks(*(blocks or default_gate_grad_blocks(coeffs is not None)))
     num_rows, columns = src.shape
     row_programs, col_tiles, steps = row_loop_grid(num_rows, width, *blocks[:2], blocks[3])
     kan, bias = coeffs is not None, u_bias is not None
@@ -245,7 +252,7 @@ def gate_grad_available(
     """Whether :func:`gate_grad_pallas` builds here for a ``[B, columns]`` source, the gate
     kind, the offsets and the biases (probed once per process; one warning and False where
     it cannot, :func:`pallas_kernels._backend`)."""
-    blocks = tuple(blocks or DEFAULT_GATE_GRAD_BLOCKS)
+    blocks = tuple(blocks or default_gate_grad_blocks(kan))
 
     def build():
         rows = 2 * blocks[0] + 3  # ragged rows

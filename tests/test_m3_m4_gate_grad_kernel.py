@@ -19,8 +19,8 @@ import pytest
 
 from pallas_kernels import fallbacks
 from pallas_kernels.gate_grad import (
-    DEFAULT_GATE_GRAD_BLOCKS,
     GateGradBlocks,
+    default_gate_grad_blocks,
     gate_grad_available,
     gate_grad_pallas,
 )
@@ -72,9 +72,18 @@ def _float64_vjp(src, da, gate, biases, u0, g0, f):
         (45, 24, "spare_columns", True, True, GateGradBlocks(8, 32, 4, 1024)),
         (45, 24, "spare_columns", False, True, GateGradBlocks(8, 32, 4, 1024)),
         (45, 40, "u_then_g", True, True, GateGradBlocks(16, 16, 4, 2, row_sums=1)),
-        (19, 24, "u_then_g", False, True, DEFAULT_GATE_GRAD_BLOCKS),
+        (19, 24, "u_then_g", False, True, None),
+        (21, 40, "spare_columns", True, True, None),
     ],
-    ids=["ragged_kan", "g_first", "m5_first_call_kan", "m5_first_call", "row_sums_kan", "default"],
+    ids=[
+        "ragged_kan",
+        "g_first",
+        "m5_first_call_kan",
+        "m5_first_call",
+        "row_sums_kan",
+        "default",
+        "default_kan",
+    ],
 )
 def test_m3_m4_gate_grad_kernel_equals_the_float64_vjp(rows, f, layout, kan, bias, blocks):
     """d src (du at u's columns, dg at g's, zero in every other column), the biases' column
@@ -116,6 +125,23 @@ def test_m4_gate_grad_kernel_at_init_passes_half_the_cotangent_to_u_and_nothing_
     np.testing.assert_allclose(got[3].sum(axis=1), (da * src[:, :f]).sum(axis=0), rtol=1e-5)
 
 
+def test_m3_m4_gate_grad_default_tiling_is_the_measured_fastest_per_gate_kind():
+    """No tiling given, the kernel runs the one bench/gate_grad.py measured fastest for its gate
+    kind (the sigmoid's sums per step, the KAN gate's 64 columns), and gives what that tiling
+    given explicitly gives, bit for bit."""
+    assert default_gate_grad_blocks(False) == GateGradBlocks(8, 128, 4, 1024, 1)
+    assert default_gate_grad_blocks(True) == GateGradBlocks(8, 64, 4, 1024, 0)
+    for kan in (False, True):
+        src, da, gate, (bu, bg) = _problem(19, 2 * 40, 40, kan=kan, bias=True, seed=7)
+        kw = dict(u0=0, g0=40, width=40, u_bias=bu, g_bias=bg)
+        explicit = kernel(src, da, *gate, blocks=default_gate_grad_blocks(kan), **kw)
+        for got, want in zip(kernel(src, da, *gate, **kw), explicit, strict=True):
+            if want is None:
+                assert got is None
+            else:
+                np.testing.assert_array_equal(got, want)
+
+
 def test_m3_gate_grad_kernel_refuses_bad_inputs():
     src, da, (coeffs, w_res), _ = _problem(8, 32, 16, kan=True, bias=False, seed=1)
     kw = dict(g0=16, width=16, interpret=True)
@@ -154,7 +180,11 @@ def test_m3_gate_grad_kernel_lowers_to_triton_at_learner_sizes():
         for kan in (True, False):
             gate = (spec(f, 8), spec(f)) if kan else (None, None)
 
-            for blocks in (DEFAULT_GATE_GRAD_BLOCKS, GateGradBlocks(8, 128, 4, 1024, 1)):
+            for blocks in (
+                None,
+                GateGradBlocks(8, 128, 4, 1024, 0),
+                GateGradBlocks(8, 64, 4, 1024, 1),
+            ):
 
                 def run(src, da, c, w, bu, bg, f=f, g0=g0, blocks=blocks):
                     kw = dict(u0=0, g0=g0, width=f, u_bias=bu, g_bias=bg, blocks=blocks)
