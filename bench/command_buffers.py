@@ -159,7 +159,8 @@ def _compile(base: str, overrides: list[str], updates: int, batch: int):
     sizes += ["replay.capacity=1048576", f"acting.num_envs={batch}"]
     p, _, agent = build(base, [*sizes, *overrides])
     shapes = jax.eval_shape(make_init(agent), p.market, jax.random.PRNGKey(0))
-    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, updates)
+    update = lambda c, _: agent.learner.update(c)
+    run = lambda s: jax.lax.scan(update, s, None, updates, unroll=agent.unroll)
     return jax.jit(run, donate_argnums=0).lower(shapes).compile().as_text()
 
 

@@ -67,7 +67,9 @@ def main():
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     state = fill_replay(cfg, agent, state, p.market)
-    run = lambda s: jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, args.updates)
+    run = lambda s: jax.lax.scan(
+        lambda c, _: agent.learner.update(c), s, None, args.updates, unroll=agent.unroll
+    )
     compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
     hlo = compiled.as_text()
     if args.hlo:

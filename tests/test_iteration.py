@@ -1,5 +1,6 @@
 """The one-program iteration (issue 5): act → store → learn, on the smoke config."""
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -251,3 +252,17 @@ def test_l1_folds_differing_only_in_data_share_one_iteration_program():
         texts.append(placed.iterate.lower(state, placed.market).as_text())
     assert scales[0] != scales[1]
     assert texts[0] == texts[1]
+
+
+def test_o1_learner_scan_unroll_reaches_the_scan(smoke):
+    """``optim.unroll`` is the learner scan's unroll: at U the program has no loop for the
+    learner's updates (one while fewer: the scan's).
+    (That unrolling keeps the arithmetic is ``lax.scan``'s contract; on the CPU the state after
+    two updates differed by 1e-5 relative at most, XLA fusing the unrolled bodies otherwise.)"""
+    agent = smoke["agent"]
+    state = _one(smoke["state"])
+    updates = smoke["cfg"].optim.updates
+    assert agent.unroll == 1 and updates >= 2
+    lowered = lambda a: jax.jit(lambda s: iteration.learn(a, s)).lower(state).as_text()
+    loop, unrolled = lowered(agent), lowered(dataclasses.replace(agent, unroll=updates))
+    assert unrolled.count("stablehlo.while") == loop.count("stablehlo.while") - 1

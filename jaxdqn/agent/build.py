@@ -68,6 +68,7 @@ class Agent:
       selectivity: whether M12 scales insertion priorities.
       learning_starts: replay size before the first update (over every device's shard).
       updates: ``U`` learner updates per iteration.
+      unroll: the learner scan's unroll (``optim.unroll``): updates per loop body.
       members: a population's ``[P]`` member values (:mod:`jaxdqn.agent.population`; None: an
         ordinary run), written into the fresh train states by :func:`make_init`.
       shards: the devices one agent is split over (``Shards()``: one device). Split over
@@ -93,6 +94,7 @@ class Agent:
     selectivity: bool
     learning_starts: int
     updates: int
+    unroll: int = 1
     shards: Shards = ONE_DEVICE
     members: population.MemberValues | None = None
 
@@ -157,6 +159,7 @@ def build_agent(
         selectivity=cfg.model.selectivity,
         learning_starts=r.learning_starts,
         updates=cfg.optim.updates,
+        unroll=cfg.optim.unroll,
         shards=shards,
     )
 

@@ -129,7 +129,8 @@ def learn(agent: Agent, state: TrainState):
     traced = []
 
     def run(s):
-        s, metrics = jax.lax.scan(lambda c, _: agent.learner.update(c), s, None, agent.updates)
+        update = lambda c, _: agent.learner.update(c)
+        s, metrics = jax.lax.scan(update, s, None, agent.updates, unroll=agent.unroll)
         metrics = jax.tree.map(lambda m: m.mean(axis=0), metrics)
         traced.append(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics))
         return s, metrics

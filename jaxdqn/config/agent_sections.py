@@ -73,6 +73,14 @@ class OptimConfig:
     """Optimisers (O1), learner updates per iteration, and the SGDR schedule (O2, O3)."""
 
     updates: int = _f(4, "U: learner updates per iteration (learner scan)", lo=1)
+    unroll: int = _f(
+        1,
+        "the learner scan's unroll: its U updates run as a loop over bodies of this many "
+        "updates (1: a loop of U; >= U: no loop, one program of U updates that XLA fuses and "
+        "schedules across, with no loop control between updates on a GPU; compile time grows "
+        "with it). The same arithmetic either way",
+        lo=1,
+    )
     lr: float = _f(
         3.0e-4, "O1/O2: base learning rate of the main Adam (trunk and branches)", lo=0.0
     )
