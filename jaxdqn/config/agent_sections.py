@@ -78,7 +78,8 @@ class OptimConfig:
         "the learner scan's unroll: its U updates run as a loop over bodies of this many "
         "updates (1: a loop of U; >= U: no loop, one program of U updates that XLA fuses and "
         "schedules across, with no loop control between updates on a GPU; compile time grows "
-        "with it). The same arithmetic either way",
+        "with it). The same arithmetic either way, equal to float rounding (XLA may fuse the "
+        "unrolled updates otherwise)",
         lo=1,
     )
     lr: float = _f(
