@@ -46,6 +46,7 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) [^\n]*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$")
 _OPCODE = re.compile(r"^(?:\(.*?\)|[\w\[\]{},:\d\s]*?) ?([a-z][\w\-]*)\(")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_PALLAS_NAME = re.compile(r'\bname = \\?"([\w.\-]+)\\?"')
 _CALLEE = re.compile(r"(?:to_apply|body|calls)=%?([\w.\-]+)")
 #: opcodes that launch nothing: no thunk, or a metadata-only one
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
@@ -53,12 +54,14 @@ _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "afte
 
 class Segments(NamedTuple):
     """One computation's launches: ``graphs`` command-buffer calls holding ``captured``
-    instructions in all; ``host`` the instructions launched outside them, by kind (a fusion's
-    kind, a custom call's target, else the opcode)."""
+    instructions in all, of which ``captured_calls`` custom calls by kind; ``host`` the
+    instructions launched outside them, by kind (a fusion's kind, a custom call's target and,
+    for a Pallas Triton call, its kernel's name, else the opcode)."""
 
     graphs: int
     captured: int
     host: collections.Counter
+    captured_calls: collections.Counter
 
 
 def _opcode(rhs: str) -> str:
@@ -97,7 +100,8 @@ def _kind(rhs: str) -> str:
     op = _opcode(rhs)
     if op == "custom-call":
         t = _TARGET.search(rhs)
-        return f"custom-call {t[1] if t else '?'}"
+        names = _PALLAS_NAME.findall(rhs)  # the backend config's last name: after its "ir"
+        return f"custom-call {t[1] if t else '?'}" + (f" {names[-1]}" if names else "")
     if op == "fusion":
         k = re.search(r"kind=(\w+)", rhs)
         return f"fusion {k[1] if k else '?'}"
@@ -108,6 +112,7 @@ def segments(comps: dict[str, list[tuple[str, str]]], name: str) -> Segments:
     """Graph launches and host launches of computation ``name``."""
     graphs = captured = 0
     host: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
     for _, rhs in comps[name]:
         op = _opcode(rhs)
         if op in _FREE:
@@ -115,11 +120,12 @@ def segments(comps: dict[str, list[tuple[str, str]]], name: str) -> Segments:
         callee = _CALLEE.search(rhs)
         if op == "call" and callee and callee[1].startswith("command_buffer"):
             graphs += 1
-            body = comps.get(callee[1], [])
-            captured += sum(1 for _, r in body if _opcode(r) not in _FREE)
+            body = [r for _, r in comps.get(callee[1], []) if _opcode(r) not in _FREE]
+            captured += len(body)
+            calls.update(_kind(r) for r in body if _opcode(r) == "custom-call")
             continue
         host[_kind(rhs)] += 1
-    return Segments(graphs, captured, host)
+    return Segments(graphs, captured, host, calls)
 
 
 def while_bodies(comps: dict[str, list[tuple[str, str]]]) -> list[str]:
@@ -168,8 +174,10 @@ def _print(label: str, rep: dict[str, Segments]) -> None:
     print(f"\n{label}")
     for where, s in rep.items():
         host = ", ".join(f"{n}× {k}" for k, n in s.host.most_common())
-        print(f"  {where}: {s.graphs} graph launches ({s.captured} instructions inside), "
-              f"{sum(s.host.values())} host launches: {host or 'none'}")  # fmt: skip
+        calls = ", ".join(f"{n}× {k}" for k, n in s.captured_calls.most_common())
+        print(f"  {where}: {s.graphs} graph launches ({s.captured} instructions inside; custom "
+              f"calls inside: {calls or 'none'}), {sum(s.host.values())} host launches: "
+              f"{host or 'none'}")  # fmt: skip
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ MODULE = """HloModule jit_run, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
   %gte.0 = s32[] get-tuple-element(%arg_tuple), index=0
   %gte.1 = f32[8]{0} get-tuple-element(%arg_tuple), index=1
   %call.1 = f32[8]{0} call(%gte.1), to_apply=%command_buffer.1
-  %triton = f32[8]{0} custom-call(%call.1), custom_call_target="__gpu$xla.gpu.triton"
+  TRITON_CALL
   %call.2 = f32[8]{0} call(%triton), to_apply=%command_buffer.2
   %loop_add_fusion = f32[8]{0} fusion(%call.2), kind=kLoop, calls=%fused_computation
   ROOT %tuple = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) tuple(%gte.0, %loop_add_fusion, %call.2)
@@ -59,7 +59,11 @@ ENTRY %main (Arg_0.1: f32[8]) -> f32[8] {
   %while = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) while(%tuple.1), condition=%cond, body=%body
   ROOT %gte.2 = f32[8]{0} get-tuple-element(%while), index=1
 }
-"""
+""".replace(
+    "TRITON_CALL",
+    '%triton = f32[8]{0} custom-call(%call.1), custom_call_target="__gpu$xla.gpu.triton", '
+    'backend_config="{debug = false, ir = \\"...\\", name = \\"gate_grad\\", num_warps = 4 : i32}"',
+)
 
 
 def test_command_buffers_counts_graphs_and_host_launches_per_computation():
@@ -68,7 +72,8 @@ def test_command_buffers_counts_graphs_and_host_launches_per_computation():
     entry, body = rep["entry"], rep["body"]
     assert (entry.graphs, entry.captured, dict(entry.host)) == (1, 2, {"while": 1})
     assert (body.graphs, body.captured) == (2, 2)
-    assert dict(body.host) == {"custom-call __gpu$xla.gpu.triton": 1, "fusion kLoop": 1}
+    assert dict(body.captured_calls) == {"custom-call __cublas$gemm": 1}
+    assert dict(body.host) == {"custom-call __gpu$xla.gpu.triton gate_grad": 1, "fusion kLoop": 1}
 
 
 def test_command_buffers_refuses_text_without_an_entry():
