@@ -159,14 +159,14 @@ def _compile(base: str, overrides: list[str], updates: int, batch: int):
     import jax
 
     from bench.iteration import build
+    from jaxdqn.agent import iteration
     from jaxdqn.agent.build import make_init
 
     sizes = [f"replay.batch_size={batch}", f"replay.learning_starts={batch}"]
     sizes += ["replay.capacity=1048576", f"acting.num_envs={batch}"]
     p, _, agent = build(base, [*sizes, *overrides])
     shapes = jax.eval_shape(make_init(agent), p.market, jax.random.PRNGKey(0))
-    update = lambda c, _: agent.learner.update(c)
-    run = lambda s: jax.lax.scan(update, s, None, updates, unroll=agent.unroll)
+    run = lambda s: iteration.scan_updates(agent, s, updates)
     return jax.jit(run, donate_argnums=0).lower(shapes).compile().as_text()
 
 

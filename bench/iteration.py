@@ -148,9 +148,7 @@ def bench_learner(base, extra, batch, prepared, args) -> dict:
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     state = fill_replay(cfg, agent, state, p.market)
-    run = lambda s: jax.lax.scan(
-        lambda c, _: agent.learner.update(c), s, None, args.updates, unroll=agent.unroll
-    )
+    run = lambda s: iteration.scan_updates(agent, s, args.updates)
     f = jax.jit(run, donate_argnums=0)
     t0 = time.perf_counter()
     compiled = f.lower(state).compile()

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.iteration import build, fill_replay, time_calls  # noqa: E402
 from jaxdqn import config  # noqa: E402
+from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
 
 LAUNCHING = ("fusion", "custom-call", "copy", "sort", "scatter", "gather", "dynamic-update-slice")
@@ -67,9 +68,7 @@ def main():
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     state = fill_replay(cfg, agent, state, p.market)
-    run = lambda s: jax.lax.scan(
-        lambda c, _: agent.learner.update(c), s, None, args.updates, unroll=agent.unroll
-    )
+    run = lambda s: iteration.scan_updates(agent, s, args.updates)
     compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
     hlo = compiled.as_text()
     if args.hlo:

@@ -168,9 +168,7 @@ def main():
         compiled = jax.jit(act, donate_argnums=0).lower(state).compile()
     else:
         state = fill_replay(cfg, agent, state, p.market)
-        run = lambda s: jax.lax.scan(
-            lambda c, _: agent.learner.update(c), s, None, args.updates, unroll=agent.unroll
-        )
+        run = lambda s: iteration.scan_updates(agent, s, args.updates)
         compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
     hlo_text = compiled.as_text()
     sources = instruction_sources(hlo_text)

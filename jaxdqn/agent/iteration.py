@@ -30,7 +30,16 @@ from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
 from jaxdqn.market import env as env_lib
 
-__all__ = ["Rollout", "act", "all_finite", "iteration", "learn", "make_iteration", "store"]
+__all__ = [
+    "Rollout",
+    "act",
+    "all_finite",
+    "iteration",
+    "learn",
+    "make_iteration",
+    "scan_updates",
+    "store",
+]
 
 
 class Rollout(NamedTuple):
@@ -118,6 +127,15 @@ def store(
     return state.replace(replay=replay_state, nstep=nstep_state, dynamics=observed)
 
 
+def scan_updates(agent: Agent, state: TrainState, count: int | None = None):
+    """``count`` learner updates (default ``U``, ``optim.updates``) under one ``lax.scan``
+    unrolled as ``optim.unroll`` says: ``(state, metrics)``, each metric ``[count, ...]``.
+    The iteration's learner and the benches' timed learner programs."""
+    update = lambda c, _: agent.learner.update(c)
+    n = agent.updates if count is None else count
+    return jax.lax.scan(update, state, None, n, unroll=agent.unroll)
+
+
 def learn(agent: Agent, state: TrainState):
     """``U`` learner updates under ``lax.scan`` (skipped until the replay is warm)."""
     # Split over devices: the transitions stored on all of them (the same on every device).
@@ -129,8 +147,7 @@ def learn(agent: Agent, state: TrainState):
     traced = []
 
     def run(s):
-        update = lambda c, _: agent.learner.update(c)
-        s, metrics = jax.lax.scan(update, s, None, agent.updates, unroll=agent.unroll)
+        s, metrics = scan_updates(agent, s)
         metrics = jax.tree.map(lambda m: m.mean(axis=0), metrics)
         traced.append(jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), metrics))
         return s, metrics
