@@ -1,29 +1,36 @@
 """Which kernels of the learner's compiled update run inside XLA's command buffers (CUDA
-graphs), and which the host launches one by one (issue 33: why a Pallas kernel can cost idle
-GPU time that no per-kernel trace shows).
+graphs), which loops the host drives, and what the host launches one by one (issue 33).
 
-With the project's GPU XLA flags (:data:`jaxdqn.program.launch.runtime.GPU_XLA_FLAGS`) XLA's
-command-buffer scheduling pass wraps each run of capturable instructions (fusions, cuBLAS GEMMs,
-while loops whose whole body is capturable, custom calls XLA knows to be capturable) in a
-``call`` to a computation named ``command_buffer…``: one graph launch for the run. An
-instruction it cannot capture splits the run, and a ``while`` whose body holds one cannot be a
-graph itself: its body then runs from the host each iteration, one launch per segment. The
-profiler turns command buffers off while it traces (``xla_enable_command_buffers_during_profiling``
-is false by default), so ``bench/trace_update.py``'s busy fraction cannot show this; the compiled
-module can.
+XLA (jax 0.11.2) forms command buffers on the compiled program's *thunks*, after the HLO: the
+module text never shows them (``compiled.as_text()`` holds no ``command_buffer`` computation even
+where every kernel is captured). With ``--xla_dump_to`` XLA writes the final thunk sequence,
+``<module>.thunk_sequence_after_thunk_passes.txt``, one thunk a line, children indented:
+
+    000: kCommandBuffer [source | next=004 (1)]        one graph launched by the host
+        001: kCopy ...                                  recorded into it
+    004: kWhile [prev=000 (1) | next=000 (1)]           a loop the host drives
+    condition:
+        005: kCustomKernel ... loop_compare_fusion ...
+      body:
+        000: kCommandBuffer [source | sink]             one graph launch per iteration
+            006: kCustomKernel ... gate_product_fwd ...  a Pallas kernel inside it
+
+This tool compiles the learner's ``--updates`` updates in one ``lax.scan`` (configs/gpu.yaml
+sizes, B = 4,096, the GPU XLA flags and the training iteration's own XLA options, as
+``bench/trace_update.py``) with the dump on, and reads that file: the graphs the host launches,
+the loops it drives (and the graphs in their bodies, launched once per iteration), the thunks
+it runs outside any graph, and each Pallas kernel (named from the module's
+``__gpu$xla.gpu.triton`` calls) inside or outside a graph. The profiler turns command buffers
+off while it traces, so ``bench/trace_update.py`` cannot show any of this.
 
     python bench/command_buffers.py --components on "" "kernels.gated=gate_grad"   # GPU
-    python bench/command_buffers.py --hlo module.txt.gz ...   # a module written by
-                                                              # trace_update.py --hlo
-    python bench/command_buffers.py --tiny ""                 # smoke sizes, any machine (a CPU
-                                                              # has no command buffers)
+    python bench/command_buffers.py --thunks a.thunk_sequence_after_thunk_passes.txt ...
+    python bench/command_buffers.py --tiny ""        # smoke sizes, any machine (a CPU backend
+                                                     # has no command buffers: nothing to read)
 
 Each positional argument is one variant's config overrides (space-separated, "" = the
-defaults); every variant is the learner update of ``bench/trace_update.py`` (configs/gpu.yaml
-sizes, B = 4,096, ``--updates`` updates in one ``lax.scan``), compiled in this process with the
-GPU flags set before JAX starts. Prints, per variant and per computation that holds graphs or
-host launches (the entry and the scan's while body): the graph launches, the instructions
-inside them, the host launches and what they are, and last a table.
+defaults). ``XLA_FLAGS=--xla_gpu_command_buffer_unroll_loops=false`` (any value the user names)
+replaces the iteration's own option. ``--save DIR`` keeps each variant's thunk sequence.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ import collections
 import gzip
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,123 +51,118 @@ sys.path.insert(0, str(ROOT))
 
 from jaxdqn.program.launch.runtime import GPU_XLA_FLAGS, merge_xla_flags  # noqa: E402
 
-_COMPUTATION = re.compile(r"^(ENTRY )?%?([\w.\-]+) [^\n]*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*)$")
-_OPCODE = re.compile(r"^(?:\(.*?\)|[\w\[\]{},:\d\s]*?) ?([a-z][\w\-]*)\(")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_PALLAS_NAME = re.compile(r'\bname = \\?"([\w.\-]+)\\?"')
-_CALLEE = re.compile(r"(?:to_apply|body|calls)=%?([\w.\-]+)")
-#: opcodes that launch nothing: no thunk, or a metadata-only one
-_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all"}
+#: ``<indent><id>: <kind> [<dependencies>] <rest>``
+_THUNK = re.compile(r"^( *)\d+: (k\w+)\s*\[[^\]]*\]\s*(.*)$")
+_PALLAS_NAME = re.compile(
+    r'custom_call_target="__gpu\$xla\.gpu\.triton"[^\n]*?\bname = \\?"([\w.\-]+)\\?"'
+)
+#: the module name of the compiled program (``jax.jit`` of a function named so)
+MODULE = "jit_learner_updates"
+DUMP = "thunk_sequence_after_thunk_passes.txt"
 
 
-class Segments(NamedTuple):
-    """One computation's launches: ``graphs`` command-buffer calls holding ``captured``
-    instructions in all, of which ``captured_calls`` custom calls by kind; ``host`` the
-    instructions launched outside them, by kind (a fusion's kind, a custom call's target and,
-    for a Pallas Triton call, its kernel's name, else the opcode)."""
+class Thunk(NamedTuple):
+    kind: str
+    name: str  # a kernel's name; else the kind
+    children: list
+
+
+class Report(NamedTuple):
+    """A thunk sequence summed up: ``graphs`` command buffers the host launches once a run,
+    ``loops`` one entry per loop the host drives (the command buffers in its body, launched once
+    an iteration, and the thunks of its body outside them, by kind), ``graph_loops`` loops
+    recorded inside a graph, ``host`` the thunks run outside any graph by kind (loops excluded),
+    ``in_graphs`` the thunks inside graphs by kind, and ``pallas_in`` / ``pallas_out`` the
+    Pallas kernels inside / outside graphs, by name."""
 
     graphs: int
-    captured: int
+    loops: list
+    graph_loops: int
     host: collections.Counter
-    captured_calls: collections.Counter
+    in_graphs: collections.Counter
+    pallas_in: collections.Counter
+    pallas_out: collections.Counter
 
 
-def _opcode(rhs: str) -> str:
-    """The opcode of an instruction's right-hand side ``shape opcode(operands), attrs``."""
-    m = _OPCODE.match(rhs)
-    if m:
-        return m[1]
-    head = rhs.split("(", 1)[0].split()
-    return head[-1] if head else ""
-
-
-def computations(hlo: str) -> dict[str, list[tuple[str, str]]]:
-    """The module's computations as ``name -> [(instruction, right-hand side)]``; the entry
-    computation under the key ``"ENTRY"`` too."""
-    out: dict[str, list[tuple[str, str]]] = {}
-    current = None
-    for line in hlo.splitlines():
-        if current is None:
-            m = _COMPUTATION.match(line)
-            if m and "=" not in line.split("{", 1)[0].split("(", 1)[0]:
-                current = m[2]
-                out[current] = []
-                if m[1]:
-                    out["ENTRY"] = out[current]
+def parse_thunks(text: str) -> list[Thunk]:
+    """The top-level thunks of a thunk-sequence dump, each with its children (the lines indented
+    deeper under it; ``condition:`` / ``body:`` labels skipped)."""
+    root: list[Thunk] = []
+    stack: list[tuple[int, Thunk]] = []
+    for line in text.splitlines():
+        m = _THUNK.match(line)
+        if not m:
             continue
-        if line.strip() == "}":
-            current = None
-            continue
-        m = _INSTRUCTION.match(line)
-        if m:
-            out[current].append((m[1], m[2]))
-    return out
+        indent, kind, rest = len(m[1]), m[2], m[3]
+        name = rest.split()[0] if kind in ("kCustomKernel", "kKernel") and rest else kind
+        node = Thunk(kind, name, [])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        (stack[-1][1].children if stack else root).append(node)
+        stack.append((indent, node))
+    if not root:
+        raise ValueError("command_buffers: no thunk in the text (not a thunk-sequence dump?)")
+    return root
 
 
-def _kind(rhs: str) -> str:
-    op = _opcode(rhs)
-    if op == "custom-call":
-        t = _TARGET.search(rhs)
-        names = _PALLAS_NAME.findall(rhs)  # the backend config's last name: after its "ir"
-        return f"custom-call {t[1] if t else '?'}" + (f" {names[-1]}" if names else "")
-    if op == "fusion":
-        k = re.search(r"kind=(\w+)", rhs)
-        return f"fusion {k[1] if k else '?'}"
-    return op
+def pallas_names(hlo: str) -> set[str]:
+    """The kernel names of the module's Pallas (Triton) calls."""
+    return set(_PALLAS_NAME.findall(hlo))
 
 
-def segments(comps: dict[str, list[tuple[str, str]]], name: str) -> Segments:
-    """Graph launches and host launches of computation ``name``."""
-    graphs = captured = 0
-    host: collections.Counter = collections.Counter()
-    calls: collections.Counter = collections.Counter()
-    for _, rhs in comps[name]:
-        op = _opcode(rhs)
-        if op in _FREE:
-            continue
-        callee = _CALLEE.search(rhs)
-        if op == "call" and callee and callee[1].startswith("command_buffer"):
-            graphs += 1
-            body = [r for _, r in comps.get(callee[1], []) if _opcode(r) not in _FREE]
-            captured += len(body)
-            calls.update(_kind(r) for r in body if _opcode(r) == "custom-call")
-            continue
-        host[_kind(rhs)] += 1
-    return Segments(graphs, captured, host, calls)
+def _kernel(name: str) -> str:
+    return re.sub(r"__\d+$", "", name)  # XLA numbers a second launch of one kernel "name__1"
 
 
-def while_bodies(comps: dict[str, list[tuple[str, str]]]) -> list[str]:
-    """The bodies of the ``while`` instructions launched from the host (in the entry or in a
-    host-run body), not those captured inside a graph."""
-    bodies, todo, seen = [], ["ENTRY"], set()
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen.add(name)
-        for _, rhs in comps[name]:
-            if _opcode(rhs) == "while" and (m := re.search(r"body=%?([\w.\-]+)", rhs)):
-                bodies.append(m[1])
-                todo.append(m[1])
-    return bodies
+def summarize(thunks: list[Thunk], pallas: set[str]) -> Report:
+    """See :class:`Report`."""
+    host, in_graphs, p_in, p_out = (collections.Counter() for _ in range(4))
+    loops: list[dict] = []
+    graph_loops = 0
+
+    def in_graph(node: Thunk) -> None:
+        nonlocal graph_loops
+        in_graphs[node.kind] += 1
+        graph_loops += node.kind == "kWhile"
+        if _kernel(node.name) in pallas:
+            p_in[_kernel(node.name)] += 1
+        for child in node.children:
+            in_graph(child)
+
+    def on_host(nodes: list[Thunk], loop: collections.Counter | None) -> int:
+        graphs = 0  # the command buffers launched at this level
+        for node in nodes:
+            if node.kind == "kCommandBuffer":
+                graphs += 1
+                for child in node.children:
+                    in_graph(child)
+            elif node.kind == "kWhile":
+                body: collections.Counter = collections.Counter()
+                loops.append({"graphs": on_host(node.children, body), "host": body})
+            else:
+                host[node.kind] += 1
+                if loop is not None:
+                    loop[node.kind] += 1
+                if _kernel(node.name) in pallas:
+                    p_out[_kernel(node.name)] += 1
+                on_host(node.children, loop)  # e.g. a dynamic-slice fusion's own thunks
+        return graphs
+
+    graphs = on_host(thunks, None)
+    return Report(graphs, loops, graph_loops, host, in_graphs, p_in, p_out)
 
 
-def report(hlo: str) -> dict[str, Segments]:
-    """``{"entry": …, "<body name>": …}`` for the entry and each host-run while body."""
-    comps = computations(hlo)
-    if "ENTRY" not in comps:
-        raise ValueError("command_buffers: no ENTRY computation in the module text")
-    out = {"entry": segments(comps, "ENTRY")}
-    for body in while_bodies(comps):
-        out[body] = segments(comps, body)
-    return out
+def _read(path: str) -> str:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return f.read()
 
 
-def _compile(base: str, overrides: list[str], updates: int, batch: int):
+def _compile(base: str, overrides: list[str], updates: int, batch: int) -> str:
+    """Compile one variant; returns the module text (its thunks are dumped by XLA)."""
     import jax
 
-    from bench.iteration import build
+    from bench.iteration import build, jit_program
     from jaxdqn.agent import iteration
     from jaxdqn.agent.build import make_init
 
@@ -166,18 +170,24 @@ def _compile(base: str, overrides: list[str], updates: int, batch: int):
     sizes += ["replay.capacity=1048576", f"acting.num_envs={batch}"]
     p, _, agent = build(base, [*sizes, *overrides])
     shapes = jax.eval_shape(make_init(agent), p.market, jax.random.PRNGKey(0))
-    run = lambda s: iteration.scan_updates(agent, s, updates)
-    return jax.jit(run, donate_argnums=0).lower(shapes).compile().as_text()
+
+    def learner_updates(s):
+        return iteration.scan_updates(agent, s, updates)
+
+    return jit_program(learner_updates, donate_argnums=0).lower(shapes).compile().as_text()
 
 
-def _print(label: str, rep: dict[str, Segments]) -> None:
+def _print(label: str, rep: Report) -> None:
+    fmt = lambda c: ", ".join(f"{n}× {k}" for k, n in c.most_common()) or "none"
     print(f"\n{label}")
-    for where, s in rep.items():
-        host = ", ".join(f"{n}× {k}" for k, n in s.host.most_common())
-        calls = ", ".join(f"{n}× {k}" for k, n in s.captured_calls.most_common())
-        print(f"  {where}: {s.graphs} graph launches ({s.captured} instructions inside; custom "
-              f"calls inside: {calls or 'none'}), {sum(s.host.values())} host launches: "
-              f"{host or 'none'}")  # fmt: skip
+    print(f"  graphs launched once a run: {rep.graphs}; loops recorded inside graphs: "
+          f"{rep.graph_loops}; loops the host drives: {len(rep.loops)}")  # fmt: skip
+    for i, loop in enumerate(rep.loops):
+        print(f"  host-driven loop {i}: {loop['graphs']} graph launches an iteration, "
+              f"outside them: {fmt(loop['host'])}")  # fmt: skip
+    print(f"  thunks outside any graph: {fmt(rep.host)}")
+    print(f"  inside graphs: {fmt(rep.in_graphs)}")
+    print(f"  Pallas kernels inside graphs: {fmt(rep.pallas_in)}; outside: {fmt(rep.pallas_out)}")
 
 
 def main() -> None:
@@ -186,40 +196,51 @@ def main() -> None:
     ap.add_argument("--components", choices=("on", "off"), default="on")
     ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="configs/smoke.yaml, B = 64")
-    ap.add_argument("--hlo", nargs="*", default=[], help="compiled module texts (.gz ok)")
-    ap.add_argument("--save", default=None, help="write each variant's module text here")
+    ap.add_argument("--thunks", nargs="*", default=[], help="thunk-sequence dumps (.gz ok)")
+    ap.add_argument("--hlo", nargs="*", default=[], help="module texts naming their Pallas calls")
+    ap.add_argument("--save", default=None, help="copy each variant's thunk sequence here")
     args = ap.parse_args()
-    rows = []
-    for path in args.hlo:
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            rows.append((path, report(f.read())))
+    pallas = set().union(*(pallas_names(_read(p)) for p in args.hlo))
+    rows = [(path, summarize(parse_thunks(_read(path)), pallas)) for path in args.thunks]
     if args.variants:
-        os.environ["XLA_FLAGS"] = merge_xla_flags(os.environ.get("XLA_FLAGS", ""), GPU_XLA_FLAGS)
+        dump = tempfile.mkdtemp(prefix="jaxdqn_thunks_")
+        flags = merge_xla_flags(os.environ.get("XLA_FLAGS", ""), GPU_XLA_FLAGS)
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_dump_to={dump} --xla_dump_hlo_module_re={MODULE}"
         import jax
 
         from jaxdqn import config
+        from jaxdqn.program.launch.runtime import iteration_compiler_options
 
         switches = list(config.ALL_ON if args.components == "on" else config.ALL_OFF)
         base = str(ROOT / ("configs/smoke.yaml" if args.tiny else "configs/gpu.yaml"))
         batch = 64 if args.tiny else 4096
         print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; XLA_FLAGS="
-              f"{os.environ['XLA_FLAGS']!r}; learner B = {batch}, all {args.components}, "
-              f"{args.updates} updates in one scan")  # fmt: skip
+              f"{flags!r}; the iteration's options {iteration_compiler_options()}; "
+              f"B = {batch}, all {args.components}, {args.updates} updates a scan")  # fmt: skip
         for i, v in enumerate(args.variants):
-            text = _compile(base, [*switches, *v.split()], args.updates, batch)
+            seen = set(Path(dump).glob(f"*{DUMP}"))
+            hlo = _compile(base, [*switches, *v.split()], args.updates, batch)
+            new = sorted(set(Path(dump).glob(f"*{MODULE}*{DUMP}")) - seen)
+            if not new:
+                print(f"\n{v or 'defaults'}: no thunk sequence dumped (a {jax.default_backend()} "
+                      "backend; command buffers are XLA's GPU runtime)")  # fmt: skip
+                continue
             if args.save:
                 Path(args.save).mkdir(parents=True, exist_ok=True)
-                with gzip.open(Path(args.save) / f"variant{i}.txt.gz", "wt") as f:
-                    f.write(text)
-            rows.append((v or "defaults", report(text)))
+                shutil.copy(new[-1], Path(args.save) / f"variant{i}.{DUMP}")
+            rows.append((v or "defaults", summarize(parse_thunks(new[-1].read_text()),
+                                                    pallas_names(hlo))))  # fmt: skip
+        shutil.rmtree(dump, ignore_errors=True)
     for label, rep in rows:
         _print(label, rep)
-    print("\n| variant | where | graph launches | instructions in graphs | host launches |")
-    print("|---|---|---:|---:|---:|")
-    for label, rep in rows:
-        for where, s in rep.items():
-            print(f"| {label} | {where} | {s.graphs} | {s.captured} | {sum(s.host.values())} |")
+    if rows:
+        print("\n| variant | graphs a run | host-driven loops (graphs an iteration) | loops in "
+              "graphs | thunks outside graphs | Pallas kernels outside graphs |")  # fmt: skip
+        print("|---|---:|---|---:|---:|---:|")
+        for label, rep in rows:
+            loops = ", ".join(str(lp["graphs"]) for lp in rep.loops) or "none"
+            print(f"| {label} | {rep.graphs} | {len(rep.loops)} ({loops}) | {rep.graph_loops} | "
+                  f"{sum(rep.host.values())} | {sum(rep.pallas_out.values())} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""bench/command_buffers.py: graph launches and host launches of a compiled module's text."""
+"""bench/command_buffers.py: graphs, host-driven loops and Pallas kernels of a thunk sequence."""
 
 import sys
 from pathlib import Path
@@ -7,75 +7,80 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.command_buffers import report
+from bench.command_buffers import pallas_names, parse_thunks, summarize
 
-# The shape of a GPU module after XLA's command-buffer scheduling: the entry launches one graph
-# and a while loop from the host; the loop's body launches two graphs split by a Pallas
-# (Triton) custom call, and a fusion outside any graph.
-MODULE = """HloModule jit_run, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+# The shape XLA (jax 0.11.2, H100) dumped for the learner's scan with the GPU flags: a graph,
+# a loop the host drives whose body is one graph (a Pallas kernel recorded in it), a graph
+# after the loop. Added: a second Pallas launch run from the host inside the body
+# ("gate_grad__1") and a dynamic-slice fusion with its own copy thunk, outside any graph.
+LOOP_ON_HOST = """\
+000: kCommandBuffer [source       | next=004 (1)]
+    001: kCopy         [source | sink] kCopy
+    002: kCustomKernel [source | sink] loop_broadcast_fusion_1 grid: [1, 1, 1] threads: [10, 1, 1]
+004: kWhile         [prev=000 (1) | next=000 (1)]
+condition:
+    005: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1] threads: [1, 1, 1]
+  body:
+    000: kCommandBuffer [source | sink]
+        006: kCustomKernel   [source         | next=007 (1) ] loop_add_fusion_27 grid: [1, 1, 1]
+        007: kCublasLtMatmul [prev=006 (1)   | next=008 (1) ] kCublasLtMatmul
+        008: kCustomKernel   [prev=007 (1)   | sink ] gate_product_fwd grid: [128, 16, 1]
+        025: kAsyncStart     [source         | sink ] stream=computation_stream[3], async_id=25
+            027: kDynamicSliceFusion [source | sink] params=1, results=1
+                026: kCopy [source | sink] kCopy
+    009: kCustomKernel [source | sink] gate_grad__1 grid: [64, 1, 1] threads: [128, 1, 1]
+    010: kDynamicSliceFusion [source | sink] params=1, results=1
+        011: kCopy [source | sink] kCopy
+000: kCommandBuffer [prev=004 (1) | sink        ]
+    012: kCustomKernel [source | sink] loop_add_fusion_29 grid: [1, 1, 1] threads: [1, 1, 1]
+"""
 
-%fused_computation (param_0: f32[8]) -> f32[8] {
-  %param_0 = f32[8]{0} parameter(0)
-  ROOT %negate.1 = f32[8]{0} negate(%param_0)
-}
+# The same scan with xla_gpu_command_buffer_unroll_loops: the loop recorded inside one graph.
+LOOP_IN_GRAPH = """\
+000: kCommandBuffer [source | sink]
+    001: kCopy         [source       | next=004 (3)] kCopy
+    004: kWhile        [prev=003 (1) | next=211 (1)]
+condition:
+        005: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1]
+      body:
+        006: kCustomKernel   [source         | next=007 (1) ] gate_product_fwd grid: [128, 16, 1]
+        007: kCustomKernel   [prev=006 (1)   | sink ] c51_project grid: [8192, 1, 1]
+"""
 
-%command_buffer (p: f32[8]) -> f32[8] {
-  %p = f32[8]{0} parameter(0)
-  %loop_negate_fusion = f32[8]{0} fusion(%p), kind=kLoop, calls=%fused_computation
-  ROOT %fusion.2 = f32[8]{0} fusion(%loop_negate_fusion), kind=kLoop, calls=%fused_computation
-}
-
-%command_buffer.1 (p.1: f32[8]) -> f32[8] {
-  %p.1 = f32[8]{0} parameter(0)
-  ROOT %gemm = f32[8]{0} custom-call(%p.1), custom_call_target="__cublas$gemm"
-}
-
-%command_buffer.2 (p.2: f32[8]) -> f32[8] {
-  %p.2 = f32[8]{0} parameter(0)
-  ROOT %fusion.9 = f32[8]{0} fusion(%p.2), kind=kInput, calls=%fused_computation
-}
-
-%body (arg_tuple: (s32[], f32[8], /*index=2*/f32[8])) -> (s32[], f32[8], /*index=2*/f32[8]) {
-  %arg_tuple = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) parameter(0)
-  %gte.0 = s32[] get-tuple-element(%arg_tuple), index=0
-  %gte.1 = f32[8]{0} get-tuple-element(%arg_tuple), index=1
-  %call.1 = f32[8]{0} call(%gte.1), to_apply=%command_buffer.1
-  TRITON_CALL
-  %call.2 = f32[8]{0} call(%triton), to_apply=%command_buffer.2
-  %loop_add_fusion = f32[8]{0} fusion(%call.2), kind=kLoop, calls=%fused_computation
-  ROOT %tuple = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) tuple(%gte.0, %loop_add_fusion, %call.2)
-}
-
-%cond (arg_tuple.1: (s32[], f32[8], /*index=2*/f32[8])) -> pred[] {
-  %arg_tuple.1 = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) parameter(0)
-  ROOT %constant.1 = pred[] constant(true)
-}
-
-ENTRY %main (Arg_0.1: f32[8]) -> f32[8] {
-  %Arg_0.1 = f32[8]{0} parameter(0)
-  %call = f32[8]{0} call(%Arg_0.1), to_apply=%command_buffer
-  %constant = s32[] constant(0)
-  %tuple.1 = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) tuple(%constant, %call, %call)
-  %while = (s32[], f32[8]{0}, /*index=2*/f32[8]{0}) while(%tuple.1), condition=%cond, body=%body
-  ROOT %gte.2 = f32[8]{0} get-tuple-element(%while), index=1
-}
-""".replace(
-    "TRITON_CALL",
+HLO = (
     '%triton = f32[8]{0} custom-call(%call.1), custom_call_target="__gpu$xla.gpu.triton", '
-    'backend_config="{debug = false, ir = \\"...\\", name = \\"gate_grad\\", num_warps = 4 : i32}"',
+    'backend_config="{debug = false, ir = \\"...\\", name = \\"gate_grad\\", num_warps = 4}"\n'
+    '%t2 = f32[8]{0} custom-call(%x), custom_call_target="__gpu$xla.gpu.triton", '
+    'backend_config="{ir = \\"...\\", name = \\"gate_product_fwd\\"}"\n'
+    '%t3 = f32[8]{0} custom-call(%x), custom_call_target="__cublas$lt$matmul", '
+    'backend_config="{name = \\"not_pallas\\"}"\n'
 )
 
 
-def test_command_buffers_counts_graphs_and_host_launches_per_computation():
-    rep = report(MODULE)
-    assert list(rep) == ["entry", "body"]
-    entry, body = rep["entry"], rep["body"]
-    assert (entry.graphs, entry.captured, dict(entry.host)) == (1, 2, {"while": 1})
-    assert (body.graphs, body.captured) == (2, 2)
-    assert dict(body.captured_calls) == {"custom-call __cublas$gemm": 1}
-    assert dict(body.host) == {"custom-call __gpu$xla.gpu.triton gate_grad": 1, "fusion kLoop": 1}
+def test_command_buffers_names_the_pallas_calls_of_a_module():
+    assert pallas_names(HLO) == {"gate_grad", "gate_product_fwd"}
 
 
-def test_command_buffers_refuses_text_without_an_entry():
-    with pytest.raises(ValueError, match="ENTRY"):
-        report("HloModule m\n")
+def test_command_buffers_reads_graphs_host_loops_and_pallas_kernels():
+    rep = summarize(parse_thunks(LOOP_ON_HOST), pallas_names(HLO))
+    assert rep.graphs == 2 and rep.graph_loops == 0
+    assert len(rep.loops) == 1 and rep.loops[0]["graphs"] == 1
+    # the body's condition kernel, the Pallas launch, the dynamic-slice fusion and its copy
+    assert dict(rep.loops[0]["host"]) == {"kCustomKernel": 2, "kDynamicSliceFusion": 1, "kCopy": 1}
+    assert dict(rep.host) == dict(rep.loops[0]["host"])
+    assert dict(rep.pallas_in) == {"gate_product_fwd": 1}
+    assert dict(rep.pallas_out) == {"gate_grad": 1}
+    assert rep.in_graphs["kCustomKernel"] == 4 and rep.in_graphs["kCublasLtMatmul"] == 1
+    assert rep.in_graphs["kDynamicSliceFusion"] == 1  # nested under the graph's async start
+
+
+def test_command_buffers_sees_a_loop_recorded_inside_a_graph():
+    rep = summarize(parse_thunks(LOOP_IN_GRAPH), {"gate_product_fwd", "c51_project"})
+    assert (rep.graphs, rep.graph_loops, rep.loops, sum(rep.host.values())) == (1, 1, [], 0)
+    assert dict(rep.pallas_in) == {"gate_product_fwd": 1, "c51_project": 1}
+    assert not rep.pallas_out
+
+
+def test_command_buffers_refuses_text_that_is_not_a_thunk_sequence():
+    with pytest.raises(ValueError, match="no thunk"):
+        parse_thunks("HloModule jit_run\nENTRY %main {}\n")
