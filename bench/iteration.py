@@ -120,6 +120,13 @@ def build(base: str, overrides: list[str], prepared=None):
     return p, cfg, build_agent(cfg, p)
 
 
+def jit_program(fn, **kwargs):
+    """``jax.jit(fn, **kwargs)`` with the XLA options the training gives its iteration program
+    (:func:`jaxdqn.program.launch.runtime.iteration_compiler_options`: read from this process's
+    ``XLA_FLAGS``), so the benches time the program the training runs."""
+    return jax.jit(fn, compiler_options=runtime.iteration_compiler_options() or None, **kwargs)
+
+
 def fill_replay(cfg, agent, state, market):
     """Acting until the replay holds enough transitions to sample a batch."""
     step = jax.jit(
@@ -149,7 +156,7 @@ def bench_learner(base, extra, batch, prepared, args) -> dict:
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     state = fill_replay(cfg, agent, state, p.market)
     run = lambda s: iteration.scan_updates(agent, s, args.updates)
-    f = jax.jit(run, donate_argnums=0)
+    f = jit_program(run, donate_argnums=0)
     t0 = time.perf_counter()
     compiled = f.lower(state).compile()
     compile_s = time.perf_counter() - t0
@@ -180,7 +187,7 @@ def bench_acting(base, extra, envs, steps, prepared, repeats) -> dict:
     )  # fmt: skip
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     act_store = lambda s, m: iteration.store(agent, *iteration.act(agent, s, m), m)
-    f = jax.jit(act_store, donate_argnums=0)
+    f = jit_program(act_store, donate_argnums=0)
     state = f(state, p.market)
     jax.block_until_ready(state)
     times = []
@@ -195,7 +202,7 @@ def bench_acting(base, extra, envs, steps, prepared, repeats) -> dict:
 def bench_compile(base, extra, prepared) -> dict:
     p, _, agent = build(base, extra, prepared)
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
-    it = jax.jit(lambda s, m: iteration.iteration(agent, s, m), donate_argnums=0)
+    it = jit_program(lambda s, m: iteration.iteration(agent, s, m), donate_argnums=0)
     t0 = time.perf_counter()
     it.lower(state, p.market).compile()
     return {"kind": "iteration", "size": None, "compile_s": time.perf_counter() - t0}

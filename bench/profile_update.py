@@ -22,7 +22,7 @@ import jax
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.iteration import build, fill_replay, time_calls  # noqa: E402
+from bench.iteration import build, fill_replay, jit_program, time_calls  # noqa: E402
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
@@ -69,7 +69,7 @@ def main():
     state = make_init(agent)(p.market, jax.random.PRNGKey(0))
     state = fill_replay(cfg, agent, state, p.market)
     run = lambda s: iteration.scan_updates(agent, s, args.updates)
-    compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
+    compiled = jit_program(run, donate_argnums=0).lower(state).compile()
     hlo = compiled.as_text()
     if args.hlo:
         Path(args.hlo).write_text(hlo)

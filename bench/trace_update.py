@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.hlo_source import instruction_sources, kernel_instruction  # noqa: E402
-from bench.iteration import COMPONENTS, build, fill_replay, time_calls  # noqa: E402
+from bench.iteration import COMPONENTS, build, fill_replay, jit_program, time_calls  # noqa: E402
 from jaxdqn.agent import iteration  # noqa: E402
 from jaxdqn.agent.build import make_init  # noqa: E402
 
@@ -165,11 +165,11 @@ def main():
     if acting:
         market = p.market
         act = lambda s: (iteration.store(agent, *iteration.act(agent, s, market), market), None)
-        compiled = jax.jit(act, donate_argnums=0).lower(state).compile()
+        compiled = jit_program(act, donate_argnums=0).lower(state).compile()
     else:
         state = fill_replay(cfg, agent, state, p.market)
         run = lambda s: iteration.scan_updates(agent, s, args.updates)
-        compiled = jax.jit(run, donate_argnums=0).lower(state).compile()
+        compiled = jit_program(run, donate_argnums=0).lower(state).compile()
     hlo_text = compiled.as_text()
     sources = instruction_sources(hlo_text)
     if args.hlo:

@@ -266,3 +266,20 @@ def test_o1_learner_scan_unroll_reaches_the_scan(smoke):
     lowered = lambda a: jax.jit(lambda s: iteration.learn(a, s)).lower(state).as_text()
     loop, unrolled = lowered(agent), lowered(dataclasses.replace(agent, unroll=updates))
     assert unrolled.count("stablehlo.while") == loop.count("stablehlo.while") - 1
+
+
+def test_l8_training_compiles_the_iteration_with_its_own_xla_options(smoke, monkeypatch):
+    """The training's placement compiles the iteration with
+    ``runtime.iteration_compiler_options()`` (only there: the evaluation walks' long loops must
+    not be recorded into graphs whole): an option XLA does not know, given that way, fails the
+    iteration's compile and nothing else."""
+    from jaxdqn.program.launch import runtime
+
+    cfg = smoke["cfg"]
+    p = market_setup.prepare(cfg)
+    monkeypatch.setattr(runtime, "iteration_compiler_options", lambda: {"xla_no_such_option": 1})
+    placed = place(cfg, p, build_agent(cfg, p))
+    keys = jax.random.split(jax.random.PRNGKey(cfg.seed), cfg.train.num_seeds)
+    state = placed.init(placed.market, keys)  # the initialiser: compiled without them
+    with pytest.raises(Exception, match="No such compile option"):
+        placed.iterate.lower(state, placed.market).compile()

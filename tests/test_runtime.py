@@ -80,6 +80,39 @@ def test_xla_flags_merge_keeps_the_users_value():
     assert runtime.merge_xla_flags(runtime.merge_xla_flags("")) == runtime.merge_xla_flags("")
 
 
+def test_the_iterations_own_options_follow_the_command_buffer_flags():
+    """The iteration's program unrolls its loops into command buffers where the process records
+    ``while`` loops into them (jaxdqn's GPU flags), not with ``--no-xla-flags``, not where the
+    command buffers leave loops out, and never over the user's own value of the option."""
+    on = {"XLA_FLAGS": runtime.merge_xla_flags("")}
+    assert runtime.iteration_compiler_options(on) == runtime.ITERATION_XLA_OPTIONS
+    assert runtime.iteration_compiler_options({}) == {}
+    assert runtime.iteration_compiler_options({"XLA_FLAGS": "--xla_dump_to=/tmp/x"}) == {}
+    mine = {"XLA_FLAGS": runtime.merge_xla_flags("--xla_gpu_command_buffer_unroll_loops=false")}
+    assert runtime.iteration_compiler_options(mine) == {}
+    no_loops = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS"}
+    assert runtime.iteration_compiler_options(no_loops) == {}
+    lower_case = {"XLA_FLAGS": "--xla_gpu_enable_command_buffer=fusion,while"}
+    assert runtime.iteration_compiler_options(lower_case) == runtime.ITERATION_XLA_OPTIONS
+    # a copy: a caller's change never reaches the module's constant
+    runtime.iteration_compiler_options(on)["xla_gpu_command_buffer_unroll_loops"] = False
+    assert runtime.ITERATION_XLA_OPTIONS == {"xla_gpu_command_buffer_unroll_loops": True}
+
+
+def test_the_iterations_own_options_are_accepted_by_the_installed_jaxlib():
+    """A compile option XLA does not know is an error at compile time (checked below), so this
+    checks the options' names against the installed jaxlib, for any backend."""
+    import jax
+    import jax.numpy as jnp
+
+    loop = lambda x: jax.lax.fori_loop(0, 4, lambda i, c: c * 2, x)
+    f = jax.jit(loop, compiler_options=runtime.ITERATION_XLA_OPTIONS)
+    assert float(f(jnp.float32(1.5))) == 24.0
+    bogus = jax.jit(loop, compiler_options={"xla_gpu_no_such_option": True})
+    with pytest.raises(Exception, match="No such compile option"):
+        bogus(jnp.float32(1.5))
+
+
 def test_the_test_sessions_fast_compile_flags_apply_to_cpu_programs_only():
     """The suite's compile-time flags (tests/conftest.py) are set before JAX starts, only where
     the programs compile for the CPU; GPU kernel tests compile as production runs do."""

@@ -141,6 +141,8 @@ def test_o6_resume_after_sigkill_is_byte_identical_to_the_uninterrupted_run(full
     assert _checkpoint_crcs(again) == _checkpoint_crcs(ref) and _checkpoint_crcs(ref)
     assert a["provenance"]["deterministic"] is True and a["provenance"]["seed"] == 0
     keys = ("jax", "jaxlib", "device_kind", "xla_flags", "compile_cache", "config_sha256")
+    # the training adds jaxdqn's GPU flags, so its iteration records the loops into graphs
+    assert a["provenance"]["iteration_xla_options"] == "xla_gpu_command_buffer_unroll_loops=True"
     for key in (*keys, "git_commit"):
         assert key in a["provenance"]
     assert a["provenance"]["kernels"] == b["provenance"]["kernels"]

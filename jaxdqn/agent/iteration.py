@@ -191,10 +191,17 @@ def iteration(
     return state.replace(iteration=state.iteration + 1), metrics
 
 
-def make_iteration(agent: Agent, *, num_seeds: int | None = None):
+def make_iteration(
+    agent: Agent,
+    *,
+    num_seeds: int | None = None,
+    compiler_options: dict[str, Any] | None = None,
+):
     """``jit(iteration)`` with the state donated; with ``num_seeds`` the state carries a leading
-    seed axis and the iteration is vmapped over it (the market is shared)."""
+    seed axis and the iteration is vmapped over it (the market is shared). ``compiler_options``
+    are XLA options of this program alone (the training passes
+    ``program.launch.runtime.iteration_compiler_options()``)."""
     fn = lambda state, market: iteration(agent, state, market)
     if num_seeds is not None:
         fn = jax.vmap(fn, in_axes=(0, None))
-    return jax.jit(fn, donate_argnums=0)
+    return jax.jit(fn, donate_argnums=0, compiler_options=compiler_options or None)

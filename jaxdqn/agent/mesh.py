@@ -166,14 +166,17 @@ def _restack(state: TrainState, axis: int, data: int) -> TrainState:
     return state.replace(**{n: jax.tree.map(fix, getattr(state, n)) for n in SHARDED_FIELDS})
 
 
-def make_iteration(agent: Agent, layout: Layout):
+def make_iteration(agent: Agent, layout: Layout, compiler_options: dict[str, Any] | None = None):
     """``jit(state [S, ...], market) -> (state, metrics [S, ...])`` over the layout's devices,
-    the state donated. ``agent`` must be built for the layout's data axis
-    (``build_agent(cfg, market, layout.shards)``)."""
+    the state donated, compiled with ``compiler_options`` (XLA options of this program alone).
+    ``agent`` must be built for the layout's data axis (``build_agent(cfg, market,
+    layout.shards)``)."""
     if agent.shards != layout.shards:
         raise ValueError("make_iteration: the agent was built for another data axis")
     if layout.mesh is None:
-        return iteration_lib.make_iteration(agent, num_seeds=layout.num_seeds)
+        return iteration_lib.make_iteration(
+            agent, num_seeds=layout.num_seeds, compiler_options=compiler_options
+        )
     # (looked up when traced, so a wrapped iteration_lib.iteration is the one compiled)
     per_seed = jax.vmap(lambda s, m: iteration_lib.iteration(agent, s, m), in_axes=(0, None))
 
@@ -194,7 +197,7 @@ def make_iteration(agent: Agent, layout: Layout):
         out_specs=(specs, PartitionSpec()),
         check_vma=False,
     )
-    return jax.jit(fn, donate_argnums=0)
+    return jax.jit(fn, donate_argnums=0, compiler_options=compiler_options or None)
 
 
 def make_init(agent: Agent, layout: Layout):

@@ -21,6 +21,20 @@ library calls, custom calls (Pallas/Triton) and control flow, with concurrent re
 the ~660 small kernels of one learner update are launched as graphs rather than one by one
 (H200, jax 0.11.2, gpu.yaml sizes, B = 4,096: 2,561 → 1,783 µs per update, bench/levers.py).
 
+**The training iteration's own option** (:func:`iteration_compiler_options`). With those flags
+the learner's scan body is one graph, Pallas kernels included, but the scan's ``while`` stays on
+the host: one graph launch per update (the thunk sequence XLA dumps with ``--xla_dump_to``).
+``xla_gpu_command_buffer_unroll_loops`` records a loop of known trip count into the graph
+itself: the thunk dump of a 10-update learner scan then shows one graph holding the loop, and
+the update took 785 µs instead of 898 all off, 1,277 instead of 1,558 all on (H100, jax 0.11.2,
+B = 4,096, bench/levers.py, one call each, 2026-12-07; the whole iteration not yet measured). It
+is given to the iteration's program only (``jax.jit(compiler_options=…)``), never process-wide:
+the evaluation walks loop over thousands of bars, and with the flag in ``XLA_FLAGS`` a
+synthetic_gpu.yaml training's second epoch took 76 s against 6 s for each epoch after it
+(bench/learning.py B; no run without the flag in that session to compare). Off where the command
+buffers do not cover ``WHILE`` (``--no-xla-flags``) and where the user's ``XLA_FLAGS`` names the
+option (the user's value wins).
+
 **CPU XLA flags** (:data:`CPU_XLA_FLAGS`). XLA's CPU backend hands fused groups of matrix
 products and elementwise or reduction ops to its YNNPACK library (``ynn_fusion`` kernels); for
 this model's small products (e.g. ``[3, 256, 64] @ [64, 153]`` in a branch head) they are slower
@@ -61,6 +75,7 @@ __all__ = [
     "CPU_XLA_FLAGS",
     "GC_THRESHOLDS",
     "GPU_XLA_FLAGS",
+    "ITERATION_XLA_OPTIONS",
     "MIN_COMPILE_SECONDS",
     "XLA_FLAGS",
     "add_arguments",
@@ -68,6 +83,7 @@ __all__ = [
     "configure",
     "configure_from_args",
     "default_cache_dir",
+    "iteration_compiler_options",
     "merge_xla_flags",
 ]
 
@@ -77,6 +93,8 @@ GPU_XLA_FLAGS: tuple[str, ...] = (
     "--xla_gpu_graph_min_graph_size=1",
     "--xla_gpu_graph_enable_concurrent_region=true",
 )
+#: XLA debug options of the training iteration's program (see :func:`iteration_compiler_options`)
+ITERATION_XLA_OPTIONS: dict[str, bool] = {"xla_gpu_command_buffer_unroll_loops": True}
 CPU_XLA_FLAGS: tuple[str, ...] = ("--xla_cpu_experimental_ynn_fusion_type=",)
 XLA_FLAGS: tuple[str, ...] = GPU_XLA_FLAGS + CPU_XLA_FLAGS
 MIN_COMPILE_SECONDS = 0.0
@@ -94,6 +112,24 @@ def default_cache_dir(environ: MutableMapping[str, str] | None = None) -> Path:
 
 def _flag_name(flag: str) -> str:
     return flag.split("=", 1)[0].strip()
+
+
+def iteration_compiler_options(environ: MutableMapping[str, str] | None = None) -> dict[str, bool]:
+    """``jax.jit`` compiler options for the training iteration's program:
+    :data:`ITERATION_XLA_OPTIONS` when this process's ``XLA_FLAGS`` records ``while`` loops into
+    command buffers (``--xla_gpu_enable_command_buffer`` lists ``WHILE``, as
+    :data:`GPU_XLA_FLAGS` does) and does not name those options itself; else ``{}`` (the
+    program as XLA's defaults and the user's flags make it). Read after :func:`configure`."""
+    env = os.environ if environ is None else environ
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f.startswith("--")]
+    named = {_flag_name(f).removeprefix("--") for f in flags}
+    if named & set(ITERATION_XLA_OPTIONS):
+        return {}
+    kinds: set[str] = set()
+    for f in flags:
+        if _flag_name(f) == "--xla_gpu_enable_command_buffer":
+            kinds = {k.strip().upper() for k in f.split("=", 1)[-1].split(",")}
+    return dict(ITERATION_XLA_OPTIONS) if kinds & {"WHILE", "+WHILE"} else {}
 
 
 def merge_xla_flags(existing: str, flags: tuple[str, ...] = XLA_FLAGS) -> str:

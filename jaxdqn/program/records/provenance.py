@@ -62,9 +62,12 @@ def _kernels(cfg: Config) -> dict[str, str]:
     return kernels
 
 
-def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def provenance(
+    cfg: Config, run_dir: Path, iteration_xla_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``provenance`` entry of ``summary.json`` (every value a string, number, bool or
-    None)."""
+    None); ``iteration_xla_options`` the XLA options the training iteration's program alone was
+    compiled with (``program.launch.runtime.iteration_compiler_options``), as ``name=value``."""
     import jaxlib
 
     config_file = Path(run_dir) / "config.yaml"
@@ -80,6 +83,9 @@ def provenance(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "devices": jax.device_count(),
         "processes": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "iteration_xla_options": " ".join(
+            f"{k}={v}" for k, v in sorted((iteration_xla_options or {}).items())
+        ),
         "compile_cache": jax.config.jax_compilation_cache_dir,
         "kernels": " ".join(f"{k}={v}" for k, v in _kernels(cfg).items()),
         "seed": cfg.seed,

@@ -223,7 +223,7 @@ def finish(
         "epochs": run.epoch,
         "rewinds": run.rewinds,
         "fault_events": run.fault_events,
-        "provenance": provenance(cfg, run_dir),
+        "provenance": provenance(cfg, run_dir, placed.xla_options if placed else None),
     }
     if len(per_seed) > 1:
         summary["seeds"] = per_seed

@@ -24,6 +24,7 @@ from jaxdqn.config import Config
 from jaxdqn.config.members import population_size
 from jaxdqn.market.env import MarketData
 from jaxdqn.market.market import Prepared
+from jaxdqn.program.launch import runtime
 
 __all__ = ["Placement", "place"]
 
@@ -38,6 +39,8 @@ class Placement:
       iterate: ``(state, market) -> (state, metrics)``, jitted, state donated.
       init: ``(market, keys [S, 2]) -> state`` on the layout.
       market: the market arrays, on every device of the layout.
+      xla_options: the XLA options ``iterate`` alone is compiled with
+        (:func:`jaxdqn.program.launch.runtime.iteration_compiler_options`).
     """
 
     layout: mesh_lib.Layout
@@ -45,6 +48,7 @@ class Placement:
     iterate: Callable[[TrainState, MarketData], tuple[TrainState, dict[str, Any]]]
     init: Callable[[MarketData, jax.Array], TrainState]
     market: MarketData
+    xla_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def primary(self) -> bool:
@@ -104,10 +108,12 @@ def place(cfg: Config, prepared: Prepared, agent: Agent) -> Placement:
     market = prepared.market.replace(reward_scale=jax.numpy.float32(agent.reward_scale))
     if layout.mesh is not None:
         market = jax.device_put(market, mesh_lib.replicated(layout))
+    options = runtime.iteration_compiler_options()
     return Placement(
         layout=layout,
         agent=agent,
-        iterate=mesh_lib.make_iteration(agent, layout),
+        iterate=mesh_lib.make_iteration(agent, layout, options),
         init=mesh_lib.make_init(agent, layout),
         market=market,
+        xla_options=options,
     )
