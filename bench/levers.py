@@ -14,7 +14,11 @@ call) in its own process, because XLA reads ``XLA_FLAGS`` once per process:
   (command buffers with concurrent regions); ``--flags on`` runs the second alone;
 - ``--also "k=v ..."`` (repeatable): this checkout with those config overrides, flags on;
   a ``--xla_...`` token in it is an XLA flag added to that variant's process (after the GPU
-  flags), e.g. ``--also "kernels.matmul=bf16 --xla_gpu_enable_triton_gemm=false"``.
+  flags), e.g. ``--also "kernels.matmul=bf16 --xla_gpu_enable_triton_gemm=false"`` (a variant
+  of XLA flags alone: ``"--also=--xla_…"``, else the shell word reads as an option).
+  The "GPU busy" column is ``trace_update.py``'s: of the traced program, which XLA runs without
+  command buffers unless the variant's flags hold
+  ``--xla_enable_command_buffers_during_profiling=true``.
 
 ``--components off``: every component off (``config.ALL_OFF``) instead of on, in every part.
 

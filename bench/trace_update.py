@@ -11,7 +11,10 @@ a GPU stream is one kernel (or copy); per update it reports the kernel count, th
 time, the GPU busy fraction (union of kernel intervals over the traced wall time) and the time by
 kernel class and by kernel name, each kernel with the op and Python lines it came from
 (:mod:`bench.hlo_source`, from the compiled module's own metadata). Prints a table last;
-``--keep DIR`` keeps the raw trace.
+``--keep DIR`` keeps the raw trace. While the profiler traces, XLA runs the program without its
+command buffers (CUDA graphs), op by op, unless ``XLA_FLAGS`` holds
+``--xla_enable_command_buffers_during_profiling=true``: the busy fraction is that of the traced
+program, not of the timed one (the timing is untraced, graphs on).
 
     python bench/trace_update.py                 # on the H200
     python bench/trace_update.py --components off                # the all-off update
@@ -27,6 +30,7 @@ import argparse
 import collections
 import gzip
 import json
+import os
 import re
 import shutil
 import statistics
@@ -38,6 +42,9 @@ import jax
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+#: the XLA flag that keeps command buffers on while the profiler traces
+GRAPHS_TRACED = "--xla_enable_command_buffers_during_profiling=true"
 
 from bench.hlo_source import instruction_sources, kernel_instruction  # noqa: E402
 from bench.iteration import COMPONENTS, build, fill_replay, jit_program, time_calls  # noqa: E402
@@ -211,9 +218,11 @@ def main():
     if not kernels:
         print("no GPU kernel events in the trace (CPU run): nothing to attribute")
         return
+    graphs = GRAPHS_TRACED in os.environ.get("XLA_FLAGS", "").split()
+    mode = "on" if graphs else "off: XLA launches op by op while the profiler traces"
     print(f"traced: {len(kernels) / n_upd:.0f} kernels per update, kernel time "
           f"{kernel_us / n_upd:.0f} µs per update, GPU busy {busy / span:.1%} of the traced span "
-          f"({span / n_upd:.0f} µs per update)")  # fmt: skip
+          f"({span / n_upd:.0f} µs per update; command buffers {mode})")  # fmt: skip
     print()
     print(f"{'class':<22} {'µs/update':>10} {'share':>7} {'kernels/update':>15}")
     for label, us in sorted(by_class.items(), key=lambda kv: -kv[1]):

@@ -79,7 +79,9 @@ class OptimConfig:
         "updates (1: a loop of U; >= U: no loop, one program of U updates that XLA fuses and "
         "schedules across, with no loop control between updates on a GPU; compile time grows "
         "with it). The same arithmetic either way, equal to float rounding (XLA may fuse the "
-        "unrolled updates otherwise)",
+        "unrolled updates otherwise). Measured at 10 (H100, B = 4,096, one call): all off 910 "
+        "-> 862 us an update, all on 1,588 -> 1,773; on a GPU the training's iteration already "
+        "records the loop into its graph (program.launch.runtime.iteration_compiler_options)",
         lo=1,
     )
     lr: float = _f(
