@@ -145,7 +145,8 @@ def summarize(thunks: list[Thunk], pallas: set[str]) -> Report:
                     loop[node.kind] += 1
                 if _kernel(node.name) in pallas:
                     p_out[_kernel(node.name)] += 1
-                on_host(node.children, loop)  # e.g. a dynamic-slice fusion's own thunks
+                # e.g. a dynamic-slice fusion's own thunks, a conditional's branch graphs
+                graphs += on_host(node.children, loop)
         return graphs
 
     graphs = on_host(thunks, None)

@@ -81,6 +81,20 @@ def test_command_buffers_sees_a_loop_recorded_inside_a_graph():
     assert not rep.pallas_out
 
 
+def test_command_buffers_counts_the_graphs_of_a_conditional_the_host_runs():
+    text = """\
+000: kConditional [source | sink]
+    001: kCommandBuffer [source | sink]
+        002: kCustomKernel [source | sink] c51_project grid: [8192, 1, 1]
+"""
+    rep = summarize(parse_thunks(text), {"c51_project"})
+    assert (rep.graphs, dict(rep.host), dict(rep.pallas_in)) == (
+        1,
+        {"kConditional": 1},
+        {"c51_project": 1},
+    )
+
+
 def test_command_buffers_refuses_text_that_is_not_a_thunk_sequence():
     with pytest.raises(ValueError, match="no thunk"):
         parse_thunks("HloModule jit_run\nENTRY %main {}\n")
