@@ -283,3 +283,29 @@ def test_l8_training_compiles_the_iteration_with_its_own_xla_options(smoke, monk
     state = placed.init(placed.market, keys)  # the initialiser: compiled without them
     with pytest.raises(Exception, match="No such compile option"):
         placed.iterate.lower(state, placed.market).compile()
+
+
+@pytest.mark.slow
+def test_l8_learner_activations_bf16_update_is_the_float32_update_to_bfloat16_rounding(smoke):
+    """kernels.learner_activations=bf16 reaches the learner's update (its program holds
+    bfloat16 products; the float32 one none) and one update from the smoke state gives the
+    float32 update's loss to 0.5 % and parameter steps pointing the same way (cosine ≥ 0.99;
+    measured on the CPU: losses 8.2527 vs 8.2510, cosine 0.99994)."""
+    state = _one(smoke["state"])
+    _, f32 = _agent_with(smoke, "kernels.learner_activations=f32")
+    _, bf16 = _agent_with(smoke, "kernels.learner_activations=bf16")
+    text = lambda a: str(jax.make_jaxpr(a.learner.update)(state))
+    assert "bf16[" in text(bf16) and "bf16[" not in text(f32)
+    (n16, m16), (n32, m32) = (jax.jit(a.learner.update)(state) for a in (bf16, f32))
+    np.testing.assert_allclose(m16["loss"], m32["loss"], rtol=5e-3)
+    assert not np.array_equal(m16["loss"], m32["loss"])
+    step = lambda new: jnp.concatenate(
+        [
+            (a - b).ravel()
+            for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(state.params), strict=True)
+        ]
+    )
+    s16, s32 = step(n16), step(n32)
+    assert bool(jnp.all(jnp.isfinite(s16)))
+    cosine = float(jnp.vdot(s16, s32) / (jnp.linalg.norm(s16) * jnp.linalg.norm(s32)))
+    assert cosine > 0.99, cosine

@@ -182,6 +182,7 @@ def make_agent_model(r: Resolved, obs_dim: int, shards: Shards = ONE_DEVICE) -> 
         bias_grad=cfg.kernels.bias_grad,
         acting_product=r.acting_product,
         acting_activations=r.acting_activations,
+        learner_activations=r.learner_activations,
     )
 
 

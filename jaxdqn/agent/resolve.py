@@ -80,6 +80,7 @@ class Resolved(NamedTuple):
       acting: :func:`acting_kernels`.
       acting_product: :func:`acting_product`.
       acting_activations: :func:`acting_activations`.
+      learner_activations: ``kernels.learner_activations`` (no rule: it applies everywhere).
       projection: :class:`Projection`.
     """
 
@@ -99,6 +100,7 @@ class Resolved(NamedTuple):
     acting: str
     acting_product: str
     acting_activations: str
+    learner_activations: str
     projection: Projection
 
 
@@ -324,7 +326,8 @@ def projection_fallback(backend: str) -> str:
 def resolve_kernels(cfg: Config) -> dict[str, str]:
     """What each kernel setting runs on this machine, by the rules above: ``fused``
     (``fused`` | ``per_branch``), ``heads``, ``statistics``, ``gated``, ``acting``,
-    ``acting_product``, ``acting_activations`` and P1's ``projection``. A run records them
+    ``acting_product``, ``acting_activations``, ``learner_activations`` and P1's
+    ``projection``. A run records them
     in its provenance (:mod:`jaxdqn.program.records.provenance`): ``auto`` runs other
     kernels on a GPU than on the CPU.
 
@@ -340,6 +343,7 @@ def resolve_kernels(cfg: Config) -> dict[str, str]:
         "acting": acting_kernels(k.acting, k.fused),
         "acting_product": acting_product(k.acting_product, k.acting, k.gated),
         "acting_activations": acting_activations(k.acting_activations, k.acting_product),
+        "learner_activations": k.learner_activations,
         "projection": projection_backend(k.projection, cfg.train.deterministic),
     }
 

@@ -360,3 +360,14 @@ class KernelsConfig:
         "network are untouched. Needs kernels.acting_product=bf16. f32 is the reference",
         choices=("f32", "bf16"),
     )
+    learner_activations: str = _f(
+        "f32",
+        "the learner's network passes (the online pass it differentiates, the target pass) in "
+        "f32 or bf16: bf16 = every dense layer with bfloat16 operands and a bfloat16 result "
+        "(float32 accumulation), so the activations between layers and their gradients are "
+        "bfloat16 and every pass over them moves half the bytes; the heads' logits, the "
+        "distribution, the losses, the parameters, their gradients (float32 sums of bfloat16 "
+        "products) and the optimiser stay float32. Numerically different (activations rounded "
+        "to 8 significant bits); f32 is the reference",
+        choices=("f32", "bf16"),
+    )

@@ -30,6 +30,14 @@ traced. Parameters (``kernel [K, F]`` lecun-normal, ``bias [F]``
 zeros by default) and their names equal ``nn.Dense``'s, so checkpoints and initialisations are
 interchangeable.
 
+**Activations** (:func:`activations`: ``kernels.learner_activations`` for the model's
+``apply``, the learner's online and target passes; ``kernels.acting_activations`` for
+``act``): under ``"bf16"`` every layer is :func:`bf16_affine`: bfloat16 operands, float32
+accumulation, a bfloat16 result (the activations between layers are bfloat16, so the passes
+over them move half the bytes), and its backward ``dx = dy Wᵀ`` likewise, ``dW = xᵀ dy`` and
+the bias sum in float32 (the parameters and their gradients stay float32). A layer that ends
+in the distribution's logits asks for a float32 result (``wide``).
+
 **Precision** (``kernels.matmul``, :func:`matmul_precision`): ``"f32"`` = JAX's default for
 float32 operands (TF32 tensor-core passes on an H100/H200 GPU, exact float32 on the CPU);
 ``"bf16"`` = operands rounded to bfloat16 with float32 accumulation
@@ -60,6 +68,8 @@ __all__ = [
     "activations",
     "affine",
     "batch_sum",
+    "bf16_activations",
+    "bf16_affine",
     "bias_gradients",
     "default_precision",
     "gemm_bias_gradient",
@@ -75,7 +85,7 @@ WIDE = 128
 # default_matmul_precision, a scoped setting read at trace time, never a value of a program.
 _BIAS_GRAD: contextvars.ContextVar[str] = contextvars.ContextVar("bias_grad", default="gemm")
 ACTIVATIONS = ("f32", "bf16")
-# kernels.acting_activations where acting's network is traced (activations): likewise scoped.
+# kernels.learner_activations / acting_activations where the network is traced (activations).
 _ACTIVATIONS: contextvars.ContextVar[str] = contextvars.ContextVar("activations", default="f32")
 
 
@@ -105,19 +115,27 @@ def bias_gradients(bias_grad: str) -> contextlib.AbstractContextManager:
     return _scoped(_BIAS_GRAD, bias_grad)
 
 
-def activations(dtype: str) -> contextlib.AbstractContextManager:
-    """The context acting's forward pass is traced in for ``kernels.acting_activations``
-    (:data:`ACTIVATIONS`): under ``"bf16"`` every :func:`affine` takes bfloat16 operands and
-    returns ``x W + b`` in bfloat16 (float32 accumulation, :func:`bf16_linear`), so the
-    activations between layers are bfloat16. Forward only: never entered where a gradient is
-    taken.
+def activations(
+    dtype: str, field: str = "kernels.acting_activations"
+) -> contextlib.AbstractContextManager:
+    """The context a network pass is traced in for ``kernels.learner_activations`` (the
+    model's ``apply``) or ``kernels.acting_activations`` (``act``), :data:`ACTIVATIONS`: under
+    ``"bf16"`` every :func:`affine` and :func:`linear` is :func:`bf16_affine` (bfloat16
+    operands and result, float32 accumulation), so the activations between layers are
+    bfloat16; differentiable (float32 parameter gradients). ``field`` names the setting in the
+    error.
 
     Raises:
       ValueError: ``dtype`` not in :data:`ACTIVATIONS`.
     """
     if dtype not in ACTIVATIONS:
-        raise ValueError(f"kernels.acting_activations: {dtype!r} is not one of {ACTIVATIONS}")
+        raise ValueError(f"{field}: {dtype!r} is not one of {ACTIVATIONS}")
     return _scoped(_ACTIVATIONS, dtype)
+
+
+def bf16_activations() -> bool:
+    """Whether the layers traced here run in bfloat16 (:func:`activations` ``("bf16")``)."""
+    return _ACTIVATIONS.get() == "bf16"
 
 
 @contextlib.contextmanager
@@ -193,7 +211,7 @@ def default_precision() -> Any:
     return value
 
 
-def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array, wide: bool = False) -> jax.Array:
     """``x @ kernel + bias`` over the last axis; on accelerators its bias gradient is
     :func:`batch_sum` (a GEMM) where :func:`gemm_bias_gradient` says so for the
     ``kernels.bias_grad`` in effect (:func:`bias_gradients`), on the CPU it is exactly
@@ -201,12 +219,82 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
 
     The formulation is chosen when the function is traced, from the platform it will run on
     (``jax.default_backend()``), so the CPU program holds ``nn.Dense``'s ops and nothing else;
-    inside :func:`activations` ``("bf16")`` (acting only) it is bfloat16 in and out."""
-    if _ACTIVATIONS.get() == "bf16":  # acting's forward pass only (activations)
-        return bf16_linear(x, kernel) + bias.astype(jnp.bfloat16)
+    inside :func:`activations` ``("bf16")`` it is :func:`bf16_affine` (a bfloat16 result, or
+    float32 with ``wide``: for a layer whose output the loss reads, the logits)."""
+    if bf16_activations():
+        return bf16_affine(x, kernel, bias, wide)
     if jax.default_backend() == "cpu":
         return _plain(x, kernel, bias)
     return _accelerator_affine(x, kernel, bias, _BIAS_GRAD.get())
+
+
+_BF16_DIMS = (((1,), (0,)), ((), ()))
+
+
+def _bf16_product(a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
+    # [M, K] x [K, N] with bfloat16 operands, float32 accumulation, an out_dtype result.
+    bf = jnp.bfloat16
+    return jax.lax.dot_general(
+        a.astype(bf), b.astype(bf), _BF16_DIMS, jax.lax.Precision.DEFAULT,
+        preferred_element_type=out_dtype,
+    )  # fmt: skip
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _bf16_layer(x, kernel, bias, wide: bool, gemm_bias: bool):
+    out = jnp.float32 if wide else jnp.bfloat16
+    y = _bf16_product(x.reshape(-1, x.shape[-1]), kernel, out).reshape(*x.shape[:-1], -1)
+    return y if bias is None else y + bias.astype(out)
+
+
+def _bf16_layer_fwd(x, kernel, bias, wide, gemm_bias):
+    # The residual is the bfloat16 copy of x (the product read it so): half the bytes kept;
+    # an empty array of x's dtype says what dx is returned in.
+    y = _bf16_layer(x, kernel, bias, wide, gemm_bias)
+    return y, (x.astype(jnp.bfloat16), kernel, jnp.zeros((0,), x.dtype), bias)
+
+
+def _bf16_layer_bwd(wide, gemm_bias, res, dy):
+    x16, kernel, x_dtype, bias = res
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    x2 = x16.reshape(-1, x16.shape[-1])
+    # dx in bfloat16 (the activation cotangents flow on in bfloat16, widened only where x was
+    # float32: the network's input); dW and db in float32, the parameters' own precision.
+    dx = _bf16_product(dy2, kernel.T, jnp.bfloat16).astype(x_dtype.dtype).reshape(x16.shape)
+    dw = _bf16_product(x2.T, dy2, jnp.float32)
+    if bias is None:
+        return dx, dw, None
+    if gemm_bias and dy2.dtype == jnp.bfloat16:
+        ones = jnp.ones((_ONES_ROWS, dy2.shape[0]), jnp.bfloat16)
+        db = _bf16_product(ones, dy2, jnp.float32)[0]
+    elif gemm_bias:  # a wide layer's float32 cotangent: summed as the float32 layers do
+        db = batch_sum(dy2)
+    else:
+        db = jnp.sum(dy2.astype(jnp.float32), axis=0)
+    return dx, dw, db
+
+
+_bf16_layer.defvjp(_bf16_layer_fwd, _bf16_layer_bwd)
+
+
+def bf16_affine(
+    x: jax.Array, kernel: jax.Array, bias: jax.Array | None, wide: bool = False
+) -> jax.Array:
+    """``x @ kernel (+ bias)`` over the last axis of ``x [..., K]`` (``kernel [K, F]``, float32
+    ``bias [F]`` or None) with bfloat16 operands and float32 accumulation: the result is
+    bfloat16 (the bias added in bfloat16), or float32 with ``wide``. Differentiable, with
+
+        dx = bf16(dy) bf16(W)ᵀ  → bfloat16 (x's dtype where x is float32),
+        dW = bf16(x)ᵀ bf16(dy)  → float32,    db = Σ_rows dy → float32,
+
+    ``db`` as :func:`batch_sum`'s ones-product (float32 accumulation) where
+    :func:`gemm_bias_gradient` says so on an accelerator, else a float32 column sum. The forward
+    keeps bfloat16 ``x`` for the backward. The parameters' gradients are float32 sums over the
+    batch of bfloat16-rounded factors."""
+    gemm_bias = jax.default_backend() != "cpu" and gemm_bias_gradient(
+        kernel.shape[-1], _BIAS_GRAD.get()
+    )
+    return _bf16_layer(x, kernel, bias, wide, gemm_bias)
 
 
 def _accelerator_affine(x, kernel, bias, bias_grad: str) -> jax.Array:
@@ -222,7 +310,10 @@ def linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
     """``x @ kernel`` over the last axis, without a bias: for a consumer that adds the bias
     itself (a kernel that reads the product, :func:`pallas_kernels.gate_product`), where XLA
     would otherwise write ``x @ kernel + bias`` in a pass of its own. The precision in effect
-    (:func:`default_precision`) is the ``dot_general``'s, so its transposes keep it."""
+    (:func:`default_precision`) is the ``dot_general``'s, so its transposes keep it; inside
+    :func:`activations` ``("bf16")`` it is :func:`bf16_affine` without a bias."""
+    if bf16_activations():
+        return bf16_affine(x, kernel, None)
     precision = None if jax.default_backend() == "cpu" else default_precision()
     return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
 
@@ -241,14 +332,16 @@ def bf16_linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
 
 
 class Dense(nn.Module):
-    """Drop-in for ``flax.linen.Dense`` (float32, with bias) computed by :func:`affine`."""
+    """Drop-in for ``flax.linen.Dense`` (float32, with bias) computed by :func:`affine`
+    (``wide``: a float32 result inside :func:`activations` ``("bf16")``, for the logits)."""
 
     features: int
     kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
     bias_init: Callable[..., Any] = nn.initializers.zeros
+    wide: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), jnp.float32)
         bias = self.param("bias", self.bias_init, (self.features,), jnp.float32)
-        return affine(x, kernel, bias)
+        return affine(x, kernel, bias, self.wide)

@@ -36,7 +36,7 @@ from jaxdqn.branches import BRANCH_KEYS, NUM_ACTIONS
 from jaxdqn.config import ModelConfig
 from jaxdqn.model import distribution
 from jaxdqn.model import gated as gated_lib
-from jaxdqn.model.dense import affine, bf16_linear, default_precision, linear
+from jaxdqn.model.dense import affine, bf16_activations, bf16_linear, default_precision, linear
 from jaxdqn.model.fused_layout import FROM_FUSED, fused_columns, fused_order
 from jaxdqn.model.heads import branch_heads
 from pallas_kernels import kan_gate_init
@@ -168,6 +168,9 @@ def fused_branches(
     # The statistics kernel's products round `a` to bfloat16 under kernels.matmul=bf16: the
     # gate kernel then writes it so (half the bytes written and read, the same numbers).
     bf16_statistics = statistics is not None and bf16_products
+    # kernels.learner_activations=bf16 (a logits pass): the gate kernel writes `a` in
+    # bfloat16 too, the dtype of every activation of the pass.
+    bf16_a = bf16_statistics or (statistics is None and bf16_activations())
     if not gemm_kernel:
         # [B, 8·AH]: the columns of `cols` (value paths in `order`, then gate paths)
         w = jnp.concatenate([prm[k][path][0][:sh2] for path, k in cols], 1)
@@ -188,14 +191,15 @@ def fused_branches(
 
     def gated(u_src: Array, g_src: Array, u_cols: slice, g_cols: slice, keys) -> Array:
         """``a = u ⊙ gate(g)`` for the branches ``keys`` from the given columns."""
-        return u_src[:, u_cols] * gated_lib.gate(g_src[:, g_cols], *gate_params(keys), spec)
+        a = u_src[:, u_cols] * gated_lib.gate(g_src[:, g_cols], *gate_params(keys), spec)
+        return a.astype(u_src.dtype)  # bfloat16 u (learner_activations): `a` kept so
 
     def gate_kernel_call(u_cols: slice, g_cols: slice, keys, cond=None) -> Array:
         """:func:`gated` by the gate kernel, reading the bias-free product ``pre`` in place and
         adding the biases (and M5's ``cond`` term) where it reads u and g."""
         biases = b[u_cols], b[g_cols]
         args = (pre, pre, u_cols, g_cols, *gate_params(keys), spec, gated_kernels, *biases)
-        return gated_lib.gate_product(*args, cond=cond, out_bf16=bf16_statistics)
+        return gated_lib.gate_product(*args, cond=cond, out_bf16=bf16_a)
 
     def heads(a: Array, keys: tuple[str, ...]):
         """M6 for the branches ``keys`` on ``a [B, m·AH]`` → logits ``[B, m, 3, N]`` (or

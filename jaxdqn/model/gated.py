@@ -88,6 +88,7 @@ def gate(g: Array, coeffs: Array | None, w_res: Array | None, spec: GateSpec) ->
     ``w_res [F]``), or GLU's sigmoid when M4 is off."""
     if not spec.kan:
         return jax.nn.sigmoid(g)
+    g = _widened(g)  # P2's kernels read float32 (a bfloat16 pass's g widened here)
     return kan_gate(
         g, coeffs, w_res, grid_min=spec.grid_min, grid_max=spec.grid_max, backend=spec.kan_backend
     )
@@ -98,7 +99,8 @@ def gated_reference(x, w_u, w_g, b_u, b_g, coeffs, w_res, spec: GateSpec) -> Arr
     :func:`gate`: the ``reference`` computation."""
     f = w_u.shape[1]
     pre = affine(x, jnp.concatenate([w_u, w_g], 1), jnp.concatenate([b_u, b_g]))
-    return pre[:, :f] * gate(pre[:, f:], coeffs, w_res, spec)
+    # x's dtype: the kernel's (a bfloat16 pass's products are bfloat16, its gate may be wider)
+    return (pre[:, :f] * gate(pre[:, f:], coeffs, w_res, spec)).astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -145,6 +147,7 @@ def gated_values(branches: list[dict[str, Any]], x: Array, spec: GateSpec, impl:
     b_u, b_g = stacked("value", 1), stacked("gate", 1)
     coeffs, w_res = (stacked("kan", 0), stacked("kan", 1)) if spec.kan else (None, None)
     bf16 = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+    x = _widened(x)  # the kernel reads float32 (a bfloat16 pass's features widened here)
     args = (x, w_u, w_g, b_u, b_g, coeffs, w_res)
     if impl == "pallas" and not gated_kernel_available(k, w_u.shape[1], spec.kan, bf16):
         return gated_reference(*args, spec)

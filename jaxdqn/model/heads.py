@@ -47,24 +47,27 @@ def dueling(v: Array, adv: Array) -> Array:
 
 def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Array:
     """The dueling heads of m branches: ``a [B, m·AH]``, each branch's ``w[k] = [W_V | W_A]``
-    ``[AH, 4N]`` and ``bias[k] [4N]`` → logits ``[B, m, 3, N]``, computed as ``impl`` says."""
+    ``[AH, 4N]`` and ``bias[k] [4N]`` → logits ``[B, m, 3, N]``, computed as ``impl`` says;
+    float32 logits also from bfloat16 ``a`` (``kernels.learner_activations``: the products'
+    ``wide`` result)."""
     if impl not in HEADS:
         raise ValueError(f"kernels.heads: {impl!r} is not one of {HEADS}")
     b, m = a.shape[0], len(w)
     ah, n = w[0].shape[0], w[0].shape[1] // (1 + NUM_ACTIONS)
     if impl in ("pallas", "interpret"):
         bf16 = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+        a = a.astype(jnp.promote_types(a.dtype, jnp.float32))  # the kernel reads float32
         return dueling_heads(
             a, jnp.stack(w), jnp.stack(bias), actions=NUM_ACTIONS, backend=impl, bf16=bf16
         )
     if impl == "folded":
         wf, bf = fold_dueling(jnp.stack(w), jnp.stack(bias), NUM_ACTIONS, pad=False)
         w_all = wf[0] if m == 1 else jax.scipy.linalg.block_diag(*wf)
-        return affine(a, w_all, bf.reshape(-1)).reshape(b, m, NUM_ACTIONS, n)
+        return affine(a, w_all, bf.reshape(-1), wide=True).reshape(b, m, NUM_ACTIONS, n)
     if impl == "split":
-        parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k]) for k in range(m)]
+        parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k], wide=True) for k in range(m)]
         out = jnp.stack(parts, axis=1)
     else:
         w_all = w[0] if m == 1 else jax.scipy.linalg.block_diag(*w)
-        out = affine(a, w_all, jnp.concatenate(bias)).reshape(b, m, -1)
+        out = affine(a, w_all, jnp.concatenate(bias), wide=True).reshape(b, m, -1)
     return dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))

@@ -161,6 +161,7 @@ class KANGate(nn.Module):
     @nn.compact
     def __call__(self, x: Array) -> Array:
         f = x.shape[-1]
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))  # P2 reads float32
         coeffs = self.param("coeffs", lambda _key: kan_gate_init(f)[0])
         w_res = self.param("w_res", lambda _key: kan_gate_init(f)[1])
         return kan_gate(
@@ -186,10 +187,11 @@ class Branch(nn.Module):
             gate = KANGate(self.grid_min, self.grid_max, self.kan_backend, name="kan")(gate_pre)
         else:
             gate = jax.nn.sigmoid(gate_pre)
-        a = value * gate
+        a = (value * gate).astype(value.dtype)
         n = self.num_atoms
-        v = Dense(n, name="head_value")(a)
-        adv = Dense(NUM_ACTIONS * n, name="head_advantage")(a).reshape(-1, NUM_ACTIONS, n)
+        v = Dense(n, wide=True, name="head_value")(a)
+        adv = Dense(NUM_ACTIONS * n, wide=True, name="head_advantage")(a)
+        adv = adv.reshape(-1, NUM_ACTIONS, n)
         return dueling(v, adv)
 
 
@@ -307,6 +309,7 @@ def make_model(
     bias_grad: str = "gemm",
     acting_product: str = "f32",
     acting_activations: str = "f32",
+    learner_activations: str = "f32",
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -326,7 +329,10 @@ def make_model(
     it (``kernels.acting_product``; only ``act`` with ``acting`` and ``gated`` kernels);
     ``acting_activations``: ``act``'s network (trunk, VSN, branches) in f32 or with bfloat16
     operands and activations (``kernels.acting_activations``; needs ``acting_product="bf16"``;
-    M12 and the statistics stay float32)."""
+    M12 and the statistics stay float32); ``learner_activations``: ``apply``'s network (the
+    learner's online and target passes) in f32 or with bfloat16 operands and activations and
+    float32 logits (``kernels.learner_activations``; differentiable, float32 parameter
+    gradients; M7's statistics, M12 and the features returned stay float32)."""
     products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
@@ -345,6 +351,7 @@ def make_model(
             f"kernels.acting_product: {acting_product!r} is not one of {ACTING_PRODUCTS}"
         )
     activations(acting_activations)  # an unknown value fails here, not at the first trace
+    activations(learner_activations, "kernels.learner_activations")
     if acting_activations == "bf16" and acting_product != "bf16":
         raise ValueError(
             "kernels.acting_activations=bf16 feeds the branches a bfloat16 h_m: it needs "
@@ -372,7 +379,7 @@ def make_model(
     def apply(
         params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
     ) -> NetworkOutput:
-        with products(matmul, bias_grad):
+        with products(matmul, bias_grad), activations(learner_activations):
             return _apply(params, obs, v_min, delta_z)
 
     def _inputs(obs: Array, v_min: Array | float, delta_z: Array | float):
@@ -383,8 +390,9 @@ def make_model(
         return v_min, jnp.broadcast_to(jnp.asarray(delta_z, obs.dtype), (b,))
 
     def _selectivity(params: Params, h: Array, obs: Array) -> Array:
-        if cfg.selectivity:
-            return sel.apply({"params": params["aux"]["selectivity"]}, h)
+        if cfg.selectivity:  # float32 whatever the network's activations
+            with activations("f32"):
+                return sel.apply({"params": params["aux"]["selectivity"]}, h)
         return jnp.ones(obs.shape[:1], obs.dtype)
 
     def _apply(
@@ -392,6 +400,8 @@ def make_model(
     ) -> NetworkOutput:
         v_min, delta_z = _inputs(obs, v_min, delta_z)
         logits, h, h_m = net.apply({"params": params["main"]}, obs, v_min, delta_z)
+        # bfloat16 under learner_activations: what leaves the network is float32
+        h, h_m = h.astype(obs.dtype), h_m.astype(obs.dtype)
         vm, dz = v_min[:, None, None], delta_z[:, None, None]
         probs, q_mean, q_var, q_quant = distribution.statistics_of_logits(
             logits, vm, dz, statistics
@@ -410,7 +420,8 @@ def make_model(
         params: Params, obs: Array, v_min: Array | float, delta_z: Array | float
     ) -> ActingOutput:
         if act_net is None:  # the statistics of the full pass (XLA drops the rest)
-            out = apply(params, obs, v_min, delta_z)
+            with products(matmul, bias_grad), activations(acting_activations):
+                out = _apply(params, obs, v_min, delta_z)
             return ActingOutput(out.q_mean, out.q_var, out.quantiles, out.selectivity)
         with products(matmul, bias_grad):
             v_min, delta_z = _inputs(obs, v_min, delta_z)
