@@ -210,7 +210,7 @@ def main():
     what = f"acting, E = {envs}" if acting else f"learner, B = {batch}"
     print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}; {what}; {label}; "
           f"{args.updates} {'steps' if acting else 'updates'} x {args.calls} traced calls; "
-          f"overrides {args.overrides or 'none'}")  # fmt: skip
+          f"overrides {args.overrides or 'none'}; XLA_FLAGS {os.environ.get('XLA_FLAGS') or 'none'}")  # fmt: skip  # noqa: E501
     print(f"timed (untraced): {per_update_us:.0f} µs per update = {1e6 / per_update_us:,.0f} "
           f"updates/s (median of 5 calls)")  # fmt: skip
     if acting:
