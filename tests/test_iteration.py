@@ -292,7 +292,7 @@ def test_l8_learner_activations_bf16_update_is_the_float32_update_to_bfloat16_ro
     float32 update's loss to 0.5 % and parameter steps pointing the same way (cosine ≥ 0.99;
     measured on the CPU: losses 8.2527 vs 8.2510, cosine 0.99994)."""
     state = _one(smoke["state"])
-    _, f32 = _agent_with(smoke, "kernels.learner_activations=f32")
+    f32 = smoke["agent"]  # smoke.yaml: kernels.learner_activations f32 (the default)
     _, bf16 = _agent_with(smoke, "kernels.learner_activations=bf16")
     text = lambda a: str(jax.make_jaxpr(a.learner.update)(state))
     assert "bf16[" in text(bf16) and "bf16[" not in text(f32)

@@ -4,6 +4,8 @@ gradients; checked against hand-computed bfloat16 products and against the float
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -87,8 +89,11 @@ def _loss(model, params, obs, target):
     return -jnp.mean(jnp.sum(target * jax.nn.log_softmax(out.logits, axis=-1), axis=-1))
 
 
-def _perturbed(model):
-    params = model.init(jax.random.PRNGKey(3))
+@functools.cache
+def _params(cfg):
+    """Perturbed parameters of ``cfg``'s model: one tree for every path (the fused branches and
+    the per-branch modules share it), initialised by the per-branch modules (no kernels)."""
+    params = N.make_model(cfg, OBS_DIM, fused=False).init(jax.random.PRNGKey(3))
     rng = np.random.default_rng(4)
     return jax.tree.map(
         lambda p: p + jnp.asarray(0.3 * rng.standard_normal(p.shape), p.dtype), params
@@ -106,6 +111,24 @@ MODELS = {
 }
 
 
+@functools.cache
+def _float32_model(cfg):
+    """``(model, outputs, target, gradients)`` of the float32 per-branch model on the test batch
+    (the float32 fused paths equal it to float rounding: tests/test_network.py), computed once a
+    configuration."""
+    m32 = N.make_model(cfg, OBS_DIM, fused=False)
+    params, obs = _params(cfg), _batch()
+    assert "bf16[" not in str(jax.make_jaxpr(lambda p: m32.apply(p, obs, -1.0, 0.2))(params))
+    want = jax.jit(m32.apply)(params, obs, -1.0, 0.2)
+    target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(6), want.logits.shape), -1)
+    grads = jax.jit(jax.grad(lambda p: _loss(m32, p, obs, target)))(params)
+    return m32, want, target, grads
+
+
+def _batch():
+    return jax.random.normal(jax.random.PRNGKey(5), (B, OBS_DIM), jnp.float32)
+
+
 @pytest.mark.parametrize(
     "name",
     [pytest.param(n, marks=() if n == "all_off_per_branch" else pytest.mark.slow) for n in MODELS],
@@ -119,14 +142,12 @@ def test_m1_m6_learner_activations_bf16_runs_apply_in_bfloat16_near_the_float32_
     model's bit for bit."""
     cfg, kw = MODELS[name]
     m16 = N.make_model(cfg, OBS_DIM, learner_activations="bf16", **kw)
-    m32 = N.make_model(cfg, OBS_DIM, **kw)
-    params = _perturbed(m32)
-    obs = jax.random.normal(jax.random.PRNGKey(5), (B, OBS_DIM), jnp.float32)
+    m32, want, target, g32 = _float32_model(cfg)
+    params, obs = _params(cfg), _batch()
     text = str(jax.make_jaxpr(lambda p: m16.apply(p, obs, -1.0, 0.2))(params))
     for width in (cfg.sh1, cfg.sh2):  # the trunk's fc1 and fc2
         assert f"bf16[{B},{width}] = dot_general" in text, (width, text)
-    assert "bf16[" not in str(jax.make_jaxpr(lambda p: m32.apply(p, obs, -1.0, 0.2))(params))
-    got, want = m16.apply(params, obs, -1.0, 0.2), m32.apply(params, obs, -1.0, 0.2)
+    got = jax.jit(m16.apply)(params, obs, -1.0, 0.2)  # compiled: interpreted kernels run faster
     # bfloat16 rounds each layer's output by up to 2^-9 relative: ~1–2 % of the logits' and
     # features' scale after five layers; the probabilities (peaked: logits up to ~50 with these
     # perturbed parameters) and E[Q] move by less than half an atom spacing (Δz = 0.2)
@@ -142,9 +163,7 @@ def test_m1_m6_learner_activations_bf16_runs_apply_in_bfloat16_near_the_float32_
         err = float(jnp.max(jnp.abs(a - c))) / (float(jnp.max(jnp.abs(c))) if relative else 1.0)
         assert err < tol, (field, err)
     assert not np.array_equal(got.logits, want.logits)  # the setting changed the numbers
-    target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(6), got.logits.shape), -1)
-    g16 = jax.grad(lambda p: _loss(m16, p, obs, target))(params)
-    g32 = jax.grad(lambda p: _loss(m32, p, obs, target))(params)
+    g16 = jax.jit(jax.grad(lambda p: _loss(m16, p, obs, target)))(params)
     for (path, a), c in zip(
         jax.tree_util.tree_leaves_with_path(g16), jax.tree.leaves(g32), strict=True
     ):
@@ -159,6 +178,8 @@ def test_m1_m6_learner_activations_bf16_runs_apply_in_bfloat16_near_the_float32_
             cosine,
             na / nc,
         )
+    if kw["fused"]:  # `act`'s context is the model's, whichever path: checked per branch
+        return
     obs_a = (obs, -1.0, 0.2)
-    for a, c in zip(m16.act(params, *obs_a), m32.act(params, *obs_a), strict=True):
+    for a, c in zip(*(jax.jit(m.act)(params, *obs_a) for m in (m16, m32)), strict=True):
         np.testing.assert_array_equal(a, c)
