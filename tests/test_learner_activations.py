@@ -47,8 +47,7 @@ def test_m1_bf16_affine_is_bfloat16_products_with_float32_parameter_gradients(ge
     fn = lambda x, w, b: dense._bf16_layer(x, w, b, False, gemm_bias)
     y, vjp = jax.vjp(fn, x, w, b)
     assert y.dtype == BF
-    product = (_rounded(x) @ _rounded(w)).astype(np.float32)
-    want = _f64(jnp.asarray(product).astype(BF).astype(jnp.float32) + 0) + _rounded(b)
+    want = _rounded(_rounded(x) @ _rounded(w)) + _rounded(b)
     np.testing.assert_allclose(_f64(y), want, rtol=2**-7, atol=2**-7)
     dy = jax.random.normal(k, y.shape, jnp.float32).astype(BF)
     dx, dw, db = vjp(dy)

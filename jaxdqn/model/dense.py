@@ -167,10 +167,13 @@ def gemm_bias_gradient(features: int, bias_grad: str) -> bool:
 
 
 def batch_sum(dy: jax.Array) -> jax.Array:
-    """``Σ_rows dy`` of ``dy [..., F] -> [F]`` as a matrix product with a block of ones."""
+    """``Σ_rows dy`` of ``dy [..., F] -> [F]`` float32, as a matrix product with a block of
+    ones: float32 ``dy`` at ``Precision.HIGHEST``, bfloat16 ``dy`` (:func:`bf16_affine`'s
+    cotangents; exact operands) with float32 accumulation."""
     flat = dy.reshape(-1, dy.shape[-1])
     ones = jnp.ones((_ONES_ROWS, flat.shape[0]), dy.dtype)
-    return jnp.dot(ones, flat, precision=jax.lax.Precision.HIGHEST)[0]
+    precision = jax.lax.Precision.HIGHEST if dy.dtype == jnp.float32 else None
+    return jnp.dot(ones, flat, precision=precision, preferred_element_type=jnp.float32)[0]
 
 
 def _plain(x: jax.Array, kernel: jax.Array, bias: jax.Array, precision: Any = None) -> jax.Array:
@@ -228,14 +231,12 @@ def affine(x: jax.Array, kernel: jax.Array, bias: jax.Array, wide: bool = False)
     return _accelerator_affine(x, kernel, bias, _BIAS_GRAD.get())
 
 
-_BF16_DIMS = (((1,), (0,)), ((), ()))
-
-
 def _bf16_product(a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
-    # [M, K] x [K, N] with bfloat16 operands, float32 accumulation, an out_dtype result.
+    # a [..., K] x b [K, N] with bfloat16 operands, float32 accumulation, an out_dtype result.
     bf = jnp.bfloat16
+    dims = (((a.ndim - 1,), (0,)), ((), ()))
     return jax.lax.dot_general(
-        a.astype(bf), b.astype(bf), _BF16_DIMS, jax.lax.Precision.DEFAULT,
+        a.astype(bf), b.astype(bf), dims, jax.lax.Precision.DEFAULT,
         preferred_element_type=out_dtype,
     )  # fmt: skip
 
@@ -243,7 +244,7 @@ def _bf16_product(a: jax.Array, b: jax.Array, out_dtype) -> jax.Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _bf16_layer(x, kernel, bias, wide: bool, gemm_bias: bool):
     out = jnp.float32 if wide else jnp.bfloat16
-    y = _bf16_product(x.reshape(-1, x.shape[-1]), kernel, out).reshape(*x.shape[:-1], -1)
+    y = _bf16_product(x, kernel, out)
     return y if bias is None else y + bias.astype(out)
 
 
@@ -264,13 +265,7 @@ def _bf16_layer_bwd(wide, gemm_bias, res, dy):
     dw = _bf16_product(x2.T, dy2, jnp.float32)
     if bias is None:
         return dx, dw, None
-    if gemm_bias and dy2.dtype == jnp.bfloat16:
-        ones = jnp.ones((_ONES_ROWS, dy2.shape[0]), jnp.bfloat16)
-        db = _bf16_product(ones, dy2, jnp.float32)[0]
-    elif gemm_bias:  # a wide layer's float32 cotangent: summed as the float32 layers do
-        db = batch_sum(dy2)
-    else:
-        db = jnp.sum(dy2.astype(jnp.float32), axis=0)
+    db = batch_sum(dy2) if gemm_bias else jnp.sum(dy2.astype(jnp.float32), axis=0)
     return dx, dw, db
 
 
@@ -323,12 +318,9 @@ def bf16_linear(x: jax.Array, kernel: jax.Array) -> jax.Array:
     accumulation inside the product): for a forward-only consumer that reads the product in
     bfloat16 and widens it in registers (acting's gate kernel, ``kernels.acting_product``):
     half the bytes the product writes and the consumer reads. The precision is explicit, so a
-    ``kernels.matmul`` context does not apply. Not for differentiated passes."""
-    bf = jnp.bfloat16
-    dims = (((x.ndim - 1,), (0,)), ((), ()))
-    return jax.lax.dot_general(
-        x.astype(bf), kernel.astype(bf), dims, jax.lax.Precision.DEFAULT, preferred_element_type=bf
-    )
+    ``kernels.matmul`` context does not apply. Not for differentiated passes (autodiff would
+    round the weight gradient to bfloat16): :func:`bf16_affine` is its differentiable form."""
+    return _bf16_product(x, kernel, jnp.bfloat16)
 
 
 class Dense(nn.Module):
