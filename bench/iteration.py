@@ -20,7 +20,8 @@ jitted, state-donating ``lax.scan`` over a replay filled by acting (4,096 envs �
 µs per update = median call time / updates. Acting: one jitted act + store (16 steps of E
 envs); env steps/s = 16·E / median call time. Compile: the learner's scan, and the whole
 iteration (``--no-iteration`` leaves the latter out). "all off": ``config.ALL_OFF``;
-"all on": ``config.ALL_ON`` (L3 included).
+"all on": ``config.ALL_ON`` (L3 included); ``--set K=V`` (repeatable) adds an override to every
+jaxdqn row (e.g. ``--set kernels.learner_activations=bf16``), named in the table's header.
 
 **FLOPs** (:mod:`bench.flops`, matrix products only, from the config's layer shapes): ``model``
 = the update's math (each branch's head its own product: ≈ 7.19 MFLOP per sample all off at
@@ -223,6 +224,7 @@ def run_column(args) -> None:
     rows = []
     for key in args.components:
         label, extra = COMPONENTS[key]
+        extra = [*extra, *args.set]
         for b in args.batches:
             rows.append({"components": key, **bench_learner(args.base, extra, b, prepared, args)})
             print(f"[XLA flags {args.child}] {label} {rows[-1]}", flush=True)
@@ -255,6 +257,7 @@ def passthrough(args) -> list[str]:
            "--components", ",".join(args.components), "--updates", str(args.updates),
            "--repeats", str(args.repeats)]  # fmt: skip
     out += ["--tiny"] if args.tiny else []
+    out += [a for kv in args.set for a in ("--set", kv)]
     out += [] if args.iteration else ["--no-iteration"]
     return out + (["--xla-cost"] if args.xla_cost else [])
 
@@ -357,6 +360,8 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
         + ", ".join(f"{name[f]}: XLA_FLAGS={columns[f]['xla_flags']!r}" for f in flags)
     ]
     rates = {f: columns[f]["matmul_flops_s"] for f in flags}
+    if args.set:
+        lines.append("jaxdqn rows with " + " ".join(args.set) + " (the peer as always)")
     lines.append(
         f"f32 matmul {args.matmul_n}^3, default precision, median of 10: "
         + ", ".join(f"{rates[f] / 1e12:.1f} TFLOP/s ({name[f]})" for f in flags)
@@ -449,6 +454,9 @@ def parse_args(argv=None):
     ap.add_argument("--components", default="off,on", help="off,on (config.ALL_OFF, ALL_ON)")
     ap.add_argument("--updates", type=int, default=None, help="updates per timed call (50; 8)")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls (median)")
+    ap.add_argument("--set", action="append", default=[], metavar="K=V",
+                    help="a config override for every jaxdqn row (repeatable), e.g. "
+                    "kernels.learner_activations=bf16")  # fmt: skip
     ap.add_argument("--no-iteration", dest="iteration", action="store_false",
                     help="leave out the full iteration's compile time")  # fmt: skip
     ap.add_argument(

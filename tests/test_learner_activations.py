@@ -63,7 +63,8 @@ def test_m1_bf16_affine_wide_gives_float32_and_linear_has_no_bias():
     """``wide``: the float32 product of the bfloat16 operands plus the float32 bias (the heads'
     logits); its float32 cotangent's bias sum is exact to float32. Inside
     ``activations("bf16")``, :func:`affine` and :func:`linear` are :func:`bf16_affine` (outside,
-    the float32 layers: a bfloat16 product would fail the 1e-6 check)."""
+    the float32 layers, at full float32 precision here: a bfloat16 product would fail the 1e-6
+    check, and a GPU's default float32 precision (TF32) would too)."""
     x, w, b, k = _layer_inputs()
     with dense.activations("bf16", "kernels.learner_activations"):
         y, vjp = jax.vjp(lambda x, w, b: dense.affine(x, w, b, wide=True), x, w, b)
@@ -75,7 +76,8 @@ def test_m1_bf16_affine_wide_gives_float32_and_linear_has_no_bias():
     _, dw, db = vjp(dy)
     np.testing.assert_allclose(_f64(dw), _rounded(x).T @ _rounded(dy), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(_f64(db), _f64(dy).sum(0), rtol=1e-5, atol=1e-5)
-    f32 = dense.affine(x, w, b)
+    with jax.default_matmul_precision("highest"):
+        f32 = dense.affine(x, w, b)
     assert f32.dtype == jnp.float32
     np.testing.assert_allclose(_f64(f32), _f64(x) @ _f64(w) + _f64(b), rtol=1e-6, atol=1e-5)
     with pytest.raises(ValueError, match=r"kernels\.learner_activations: 'f16'"):
