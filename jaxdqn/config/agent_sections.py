@@ -92,9 +92,11 @@ class OptimConfig:
     xlstm_lr: float = _f(1.0e-4, "L6/O1: learning rate of the xLSTM SGD", lo=0.0)
     flat: bool = _f(
         False,
-        "O1: each optimiser partition over one raveled vector of its parameters (optax.flatten):"
-        " the same updates in fewer, larger kernels; its checkpoints hold the moments as one "
-        "vector per partition, so a run resumes only with the setting it was saved with",
+        "O1: each optimiser partition over one raveled vector of its parameters (optax.flatten)"
+        " and the global-norm clip's norm summed over one raveled vector of the main gradients:"
+        " the same updates to float rounding in fewer, larger kernels; its checkpoints hold the "
+        "moments as one vector per partition, so a run resumes only with the setting it was "
+        "saved with",
     )
     sgdr_period: int = _f(20, "O2: epochs per cosine cycle T", lo=1)
     sgdr_floor: float = _f(0.1, "O2: cycle's final learning rate as a fraction of base", lo=0, hi=1)
