@@ -320,3 +320,22 @@ def test_o1_flat_clip_is_one_reduction_over_the_joint_vector_and_equals_optax_s_
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
     assert _norm(clip_by_joint_norm(1.0).update(grads, ())[0]) == pytest.approx(1.0, rel=1e-6)
     assert clip_by_joint_norm(1.0).update({}, ())[0] == {}
+
+
+def test_o1_flat_optimiser_takes_empty_partitions():
+    """optim.flat with partitions that hold no parameter (every component off: no aux, no
+    xLSTM) initialises and updates like the per-leaf optimiser, and O2–O4 still find the main
+    partitions (optax cannot ravel an empty tree: this was a crash at init)."""
+    params = {"main": _params()["main"]}
+    grads = {"main": _main(_grads(jax.random.PRNGKey(5), scale=3.0))}
+    per_leaf = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0)
+    flat = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0, flat=True)
+    s_leaf, s_flat = per_leaf.init(params), flat.init(params)
+    s_leaf, s_flat = (reset_branch_moments(scale_adam_moments(s, 0.5)) for s in (s_leaf, s_flat))
+    s_flat = set_learning_rate(s_flat, jnp.float32(1e-3))
+    u_leaf, _ = per_leaf.update(grads, s_leaf, params)
+    u_flat, _ = jax.jit(flat.update)(grads, s_flat, params)
+    for a, b in zip(jax.tree.leaves(u_leaf), jax.tree.leaves(u_flat), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=4e-7, atol=1e-10)
+    (adam,) = _adam_states(s_flat, "trunk")
+    assert [x.ndim for x in jax.tree.leaves(adam.mu)] == [1]

@@ -134,12 +134,27 @@ def make_optimizer(
     }
     clip = optax.clip_by_global_norm(clip_norm)
     if flat:
-        parts = {label: optax.flatten(tx) for label, tx in parts.items()}
+        parts = {label: _flatten(tx) for label, tx in parts.items()}
         clip = clip_by_joint_norm(clip_norm)
     return optax.chain(
         optax.masked(clip, main_mask),
         optax.multi_transform(parts, labels),
     )
+
+
+def _flatten(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optax.flatten(tx)``, or ``tx`` itself on a partition with no parameters (a component
+    that is off leaves its partition empty, and optax cannot ravel an empty tree). Whether a
+    tree has leaves is static, so the choice is made when the update is traced."""
+    flat = optax.flatten(tx)
+
+    def init_fn(params):
+        return (flat if jax.tree.leaves(params) else tx).init(params)
+
+    def update_fn(updates, state, params=None):
+        return (flat if jax.tree.leaves(updates) else tx).update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 def clip_by_joint_norm(max_norm: float) -> optax.GradientTransformation:
