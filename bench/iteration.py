@@ -30,7 +30,9 @@ product, on accelerators the bias-gradient GEMMs). XLA's ``cost_analysis`` is no
 them: it reported 3.9 GFLOP for the ≈ 30 GFLOP update (issue 33); ``--xla-cost`` adds it as a
 note. **% of matmul** = FLOPs / µs per update / the rate of a ``[n, n] @ [n, n]`` float32
 product at JAX's default precision (TF32 on H100/H200 tensor cores), measured in the same
-process (n = 8,192; median of 10).
+process (n = 8,192; median of 10); with ``--set kernels.learner_activations=bf16`` the jaxdqn
+rows divide by the rate of the same product with bfloat16 operands and float32 accumulation
+(measured beside it; the peer's rows keep the float32 rate).
 
 **PyTorch peer** (``--peer``, default ``../shared/peer_torch.py``, else ``runs/peer/peer_torch.py``
 — the copy to carry to a machine whose tree has no ``../shared``: ``mkdir -p runs/peer && cp
@@ -109,10 +111,19 @@ def time_calls(compiled, state, repeats: int = 5):
     return statistics.median(times), state
 
 
-def matmul_rate(n: int, repeats: int = 10) -> float:
-    """FLOP/s of one ``[n, n] @ [n, n]`` float32 product at the default precision (median)."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    return 2 * n**3 / median_time(jax.jit(lambda x: x @ x), a, repeats=repeats)
+def matmul_rate(n: int, repeats: int = 10, dtype=jnp.float32) -> float:
+    """FLOP/s of one ``[n, n] @ [n, n]`` product (median): float32 operands at the default
+    precision, or ``dtype`` operands (bfloat16) with float32 accumulation, as the bfloat16
+    learner's products."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32).astype(dtype)
+    product = jax.jit(lambda x: jnp.matmul(x, x, preferred_element_type=jnp.float32))
+    return 2 * n**3 / median_time(product, a, repeats=repeats)
+
+
+def bf16_learner(overrides: list[str]) -> bool:
+    """Whether ``--set`` puts the learner's products in bfloat16 (their rate is then the one
+    the "% of matmul" column divides by)."""
+    return any(o.replace(" ", "") == "kernels.learner_activations=bf16" for o in overrides)
 
 
 def build(base: str, overrides: list[str], prepared=None):
@@ -219,8 +230,9 @@ def run_column(args) -> None:
     print(f"[XLA flags {args.child}] jax {jax.__version__} on {device.device_kind} "
           f"({jax.default_backend()}); XLA_FLAGS={flags!r}", flush=True)  # fmt: skip
     rate = matmul_rate(args.matmul_n)
-    print(f"[XLA flags {args.child}] f32 matmul {args.matmul_n}^3: {rate / 1e12:.1f} TFLOP/s",
-          flush=True)  # fmt: skip
+    rate_bf16 = matmul_rate(args.matmul_n, dtype=jnp.bfloat16)
+    print(f"[XLA flags {args.child}] matmul {args.matmul_n}^3: f32 {rate / 1e12:.1f}, bf16 "
+          f"{rate_bf16 / 1e12:.1f} TFLOP/s", flush=True)  # fmt: skip
     rows = []
     for key in args.components:
         label, extra = COMPONENTS[key]
@@ -241,6 +253,7 @@ def run_column(args) -> None:
         "backend": jax.default_backend(),
         "xla_flags": flags,
         "matmul_flops_s": rate,
+        "matmul_flops_s_bf16": rate_bf16,
         "rows": rows,
     }
     Path(args.json).write_text(json.dumps(result))
@@ -360,11 +373,17 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
         + ", ".join(f"{name[f]}: XLA_FLAGS={columns[f]['xla_flags']!r}" for f in flags)
     ]
     rates = {f: columns[f]["matmul_flops_s"] for f in flags}
+    bf16_rates = {f: columns[f]["matmul_flops_s_bf16"] for f in flags}
+    # the jaxdqn rows divide by the rate of the products they run; the peer's are float32
+    own = bf16_rates if bf16_learner(args.set) else rates
     if args.set:
         lines.append("jaxdqn rows with " + " ".join(args.set) + " (the peer as always)")
     lines.append(
-        f"f32 matmul {args.matmul_n}^3, default precision, median of 10: "
+        f"matmul {args.matmul_n}^3, median of 10: f32 at the default precision "
         + ", ".join(f"{rates[f] / 1e12:.1f} TFLOP/s ({name[f]})" for f in flags)
+        + "; bf16 operands, f32 accumulation "
+        + ", ".join(f"{bf16_rates[f] / 1e12:.1f} TFLOP/s ({name[f]})" for f in flags)
+        + f"; the jaxdqn rows' % of matmul uses the {'bf16' if own is bf16_rates else 'f32'} rate"
     )
     peer_rows, peer_header, peer_status = peer
     lines += [f"PyTorch peer: {peer_status}"] + [f"  {h}" for h in peer_header]
@@ -395,8 +414,8 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
         cells += [_gflop(ref["model_flops"]), _gflop(ref["executed_flops"])]
         for f, r in zip(flags, got, strict=True):
             us = r["us"] if r else None
-            pct = _pct(ref["model_flops"], us, rates[f])
-            pct += f" ({_pct(ref['executed_flops'], us, rates[f])})" if us else ""
+            pct = _pct(ref["model_flops"], us, own[f])
+            pct += f" ({_pct(ref['executed_flops'], us, own[f])})" if us else ""
             cells += [_fmt_us(us), _fmt_ups(us), pct]
         cells.append(" / ".join("–" if r is None else f"{r['compile_s']:.1f}" for r in got))
         cost = [r["xla_cost_flops"] for r in got if r and r.get("xla_cost_flops")]
