@@ -30,9 +30,10 @@ product, on accelerators the bias-gradient GEMMs). XLA's ``cost_analysis`` is no
 them: it reported 3.9 GFLOP for the ≈ 30 GFLOP update (issue 33); ``--xla-cost`` adds it as a
 note. **% of matmul** = FLOPs / µs per update / the rate of a ``[n, n] @ [n, n]`` float32
 product at JAX's default precision (TF32 on H100/H200 tensor cores), measured in the same
-process (n = 8,192; median of 10); with ``--set kernels.learner_activations=bf16`` the jaxdqn
-rows divide by the rate of the same product with bfloat16 operands and float32 accumulation
-(measured beside it; the peer's rows keep the float32 rate).
+process (n = 8,192; median of 10); a jaxdqn row whose learner runs in bfloat16
+(``kernels.learner_activations=bf16``, e.g. through ``--set``) divides by the rate of the same
+product with bfloat16 operands and float32 accumulation (measured beside it; the peer's rows
+keep the float32 rate).
 
 **PyTorch peer** (``--peer``, default ``../shared/peer_torch.py``, else ``runs/peer/peer_torch.py``
 — the copy to carry to a machine whose tree has no ``../shared``: ``mkdir -p runs/peer && cp
@@ -120,12 +121,6 @@ def matmul_rate(n: int, repeats: int = 10, dtype=jnp.float32) -> float:
     return 2 * n**3 / median_time(product, a, repeats=repeats)
 
 
-def bf16_learner(overrides: list[str]) -> bool:
-    """Whether ``--set`` puts the learner's products in bfloat16 (their rate is then the one
-    the "% of matmul" column divides by)."""
-    return any(o.replace(" ", "") == "kernels.learner_activations=bf16" for o in overrides)
-
-
 def build(base: str, overrides: list[str], prepared=None):
     cfg = config.load(base, overrides)
     p = prepared or market_setup.prepare(cfg)
@@ -187,6 +182,8 @@ def bench_learner(base, extra, batch, prepared, args) -> dict:
         ),
         "xla_cost_flops": cost,
         "obs_dim": agent.obs_dim,
+        # the products' precision: the rate the "% of matmul" column divides by
+        "learner_activations": cfg.kernels.learner_activations,
     }
 
 
@@ -374,8 +371,17 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
     ]
     rates = {f: columns[f]["matmul_flops_s"] for f in flags}
     bf16_rates = {f: columns[f]["matmul_flops_s_bf16"] for f in flags}
-    # the jaxdqn rows divide by the rate of the products they run; the peer's are float32
-    own = bf16_rates if bf16_learner(args.set) else rates
+
+    def own(f, row):
+        """The rate of the products a jaxdqn row ran (the peer's are float32)."""
+        return (bf16_rates if row.get("learner_activations") == "bf16" else rates)[f]
+
+    used = {
+        "bf16" if r.get("learner_activations") == "bf16" else "f32"
+        for f in flags
+        for r in columns[f]["rows"]
+        if r["kind"] == "learner"
+    }
     if args.set:
         lines.append("jaxdqn rows with " + " ".join(args.set) + " (the peer as always)")
     lines.append(
@@ -383,7 +389,7 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
         + ", ".join(f"{rates[f] / 1e12:.1f} TFLOP/s ({name[f]})" for f in flags)
         + "; bf16 operands, f32 accumulation "
         + ", ".join(f"{bf16_rates[f] / 1e12:.1f} TFLOP/s ({name[f]})" for f in flags)
-        + f"; the jaxdqn rows' % of matmul uses the {'bf16' if own is bf16_rates else 'f32'} rate"
+        + f"; the jaxdqn rows' % of matmul uses the {' and '.join(sorted(used)) or 'f32'} rate"
     )
     peer_rows, peer_header, peer_status = peer
     lines += [f"PyTorch peer: {peer_status}"] + [f"  {h}" for h in peer_header]
@@ -414,8 +420,9 @@ def table(args, columns: dict[str, dict], peer: tuple[list[tuple], list[str], st
         cells += [_gflop(ref["model_flops"]), _gflop(ref["executed_flops"])]
         for f, r in zip(flags, got, strict=True):
             us = r["us"] if r else None
-            pct = _pct(ref["model_flops"], us, own[f])
-            pct += f" ({_pct(ref['executed_flops'], us, own[f])})" if us else ""
+            rate = own(f, r) if r else None
+            pct = _pct(ref["model_flops"], us, rate)
+            pct += f" ({_pct(ref['executed_flops'], us, rate)})" if us else ""
             cells += [_fmt_us(us), _fmt_ups(us), pct]
         cells.append(" / ".join("–" if r is None else f"{r['compile_s']:.1f}" for r in got))
         cost = [r["xla_cost_flops"] for r in got if r and r.get("xla_cost_flops")]

@@ -257,8 +257,7 @@ def test_o4_reset_branch_moments_gives_a_fresh_adam_step_for_branches_only():
 def test_o1_flat_partitions_give_the_same_updates_through_o2_o3_o4():
     """optim.flat: each partition over one raveled vector (and the clip's norm over one) gives
     the per-leaf updates to float rounding (Adam and SGD are elementwise; XLA's CPU vector code
-    differs by an ulp), and the
-    O2–O4 helpers act on its state as on the per-leaf one."""
+    differs by an ulp), and the O2–O4 helpers act on its state as on the per-leaf one."""
     params = _params()
     per_leaf = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0)
     flat = make_optimizer(LABELS, lr=1e-3, clip_norm=1.0, flat=True)

@@ -164,7 +164,8 @@ def clip_by_joint_norm(max_norm: float) -> optax.GradientTransformation:
     size), then each leaf ``t ↦ t`` if ``‖g‖ < max_norm`` else ``(t / ‖g‖) · max_norm``, as
     optax does. The same norm to float rounding (one summation order instead of per-leaf sums
     added up), but one reduction instead of one per leaf: on a GPU each per-leaf sum is its own
-    ~2.4 µs kernel (37 of them in the all-off update, bench/RESULTS.md). Used with ``flat``.
+    ~2.4 µs kernel (36, one per leaf, in the all-off update: bench/RESULTS.md). Used with
+    ``flat``.
     """
 
     def update_fn(updates, state, params=None):
