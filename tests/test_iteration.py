@@ -314,3 +314,50 @@ def test_l8_learner_activations_bf16_update_is_the_float32_update_to_bfloat16_ro
     assert bool(jnp.all(jnp.isfinite(s16)))
     cosine = float(jnp.vdot(s16, s32) / (jnp.linalg.norm(s16) * jnp.linalg.norm(s32)))
     assert cosine > 0.99, cosine
+
+
+def _close(a, b, **tol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
+
+
+def _differs(a, b):
+    return any(
+        not np.allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-9)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+@pytest.mark.slow
+def test_l2_pipelined_learner_learns_from_the_batch_and_target_of_one_update_earlier(smoke):
+    """``optim.pipeline``: two scanned updates equal, by hand, (1) the first batch sampled and
+    its target built at the scan's start state, (2) the second batch sampled and targeted at
+    that same state (before update 1 moved the target network), each learnt from by
+    ``learner.learn`` on the current state. The staleness is real: the second target differs
+    from the one the state after update 1 gives for the same draw."""
+    cfg, agent = _agent_with(smoke, *POLYAK, *MODEL_OFF, "optim.pipeline=true")
+    assert agent.pipeline
+    lrn = agent.learner
+    # A fresh all-off agent's state learning from the smoke run's warm replay: the subject is
+    # the learner's order, and the all-off programs compile in a fraction of the time.
+    fresh_state = make_init(agent)(market_setup.prepare(cfg).market, jax.random.PRNGKey(5))
+    start = fresh_state.replace(replay=_one(smoke["state"]).replay)
+
+    @jax.jit
+    def both(s0):
+        piped, metrics = iteration.scan_updates(agent, s0, 2)
+        key, k_first = jax.random.split(s0.key)
+        s = s0.replace(key=key)
+        first = lrn.prefetch(s, k_first)
+        key, k_next = jax.random.split(s.key)
+        second = lrn.prefetch(s, k_next)
+        s1, _ = lrn.learn(s.replace(key=key), first)
+        key, _ = jax.random.split(s1.key)
+        s2, _ = lrn.learn(s1.replace(key=key), second)
+        fresh = lrn.prefetch(s1, k_next)  # the same draw, at the state after update 1
+        return piped, metrics, s2, second, fresh
+
+    piped, metrics, s2, second, fresh = both(start)
+    assert metrics["loss"].shape == (2,)
+    _close(piped, s2, rtol=1e-5, atol=1e-7)
+    assert _differs(second.target.probs, fresh.target.probs)  # θ⁻ moved by τ = 0.25 meanwhile

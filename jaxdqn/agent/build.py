@@ -69,6 +69,8 @@ class Agent:
       learning_starts: replay size before the first update (over every device's shard).
       updates: ``U`` learner updates per iteration.
       unroll: the learner scan's unroll (``optim.unroll``): updates per loop body.
+      pipeline: the pipelined learner (``optim.pipeline``,
+        :func:`jaxdqn.agent.learner.pipelined_updates`).
       members: a population's ``[P]`` member values (:mod:`jaxdqn.agent.population`; None: an
         ordinary run), written into the fresh train states by :func:`make_init`.
       shards: the devices one agent is split over (``Shards()``: one device). Split over
@@ -95,6 +97,7 @@ class Agent:
     learning_starts: int
     updates: int
     unroll: int = 1
+    pipeline: bool = False
     shards: Shards = ONE_DEVICE
     members: population.MemberValues | None = None
 
@@ -160,6 +163,7 @@ def build_agent(
         learning_starts=r.learning_starts,
         updates=cfg.optim.updates,
         unroll=cfg.optim.unroll,
+        pipeline=cfg.optim.pipeline,
         shards=shards,
     )
 

@@ -129,10 +129,13 @@ def store(
 
 def scan_updates(agent: Agent, state: TrainState, count: int | None = None):
     """``count`` learner updates (default ``U``, ``optim.updates``) under one ``lax.scan``
-    unrolled as ``optim.unroll`` says: ``(state, metrics)``, each metric ``[count, ...]``.
-    The iteration's learner and the benches' timed learner programs."""
-    update = lambda c, _: agent.learner.update(c)
+    unrolled as ``optim.unroll`` says, pipelined as ``optim.pipeline`` says
+    (:func:`jaxdqn.agent.learner.pipelined_updates`): ``(state, metrics)``, each metric
+    ``[count, ...]``. The iteration's learner and the benches' timed learner programs."""
     n = agent.updates if count is None else count
+    if agent.pipeline:
+        return agent.learner.pipelined(state, n, unroll=agent.unroll)
+    update = lambda c, _: agent.learner.update(c)
     return jax.lax.scan(update, state, None, n, unroll=agent.unroll)
 
 

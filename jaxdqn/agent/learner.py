@@ -38,11 +38,18 @@ __all__ = [
     "LearnerHypers",
     "LearnerSpec",
     "Pieces",
+    "Prepared",
     "beta_schedule",
+    "learn",
     "learning_target",
+    "loss_inputs",
     "make_learner",
     "member_hypers",
     "observation",
+    "pipelined_update",
+    "pipelined_updates",
+    "prefetch",
+    "prepare",
     "rank_normalised",
     "sample",
     "step",
@@ -224,7 +231,18 @@ def sample(
     )
 
 
-def learning_target(
+class Prepared(NamedTuple):
+    """What one update learns from, computed before its gradient: the batch as learned from
+    (L5's ranks applied) and its learning target on the support it was projected onto."""
+
+    batch: Batch
+    target: Target  # L2 + P1: target distributions and TD targets
+    q_target_s: chex.Array  # [B, 4, 3] target network's E[Q] at s (zeros when not needed)
+    v_min: chex.Array  # L7 support the target lives on
+    delta_z: chex.Array
+
+
+def prepare(
     state: TrainState,
     batch: Batch,
     key: chex.PRNGKey,
@@ -232,10 +250,10 @@ def learning_target(
     pieces: Pieces,
     spec: LearnerSpec,
     hypers: LearnerHypers,
-) -> tuple[Batch, LossInputs]:
+) -> Prepared:
     """L5 → the target network (:func:`target_outputs`) → L2 + P1
-    (:func:`~jaxdqn.agent.targets.target_distribution`) → L4's ramped coefficient: the batch as
-    learned from and the loss's inputs."""
+    (:func:`~jaxdqn.agent.targets.target_distribution`), with ``state``'s target parameters,
+    support and reward-std EMA."""
     dyn = state.dynamics
     v_min, delta_z = pieces.dynamics.grid(dyn)
     if spec.rank_rewards:
@@ -262,21 +280,43 @@ def learning_target(
         sampled=spec.sampled_target,
         shards=spec.shards,
     )
+    return Prepared(batch=batch, target=target, q_target_s=q_target_s, v_min=v_min, delta_z=delta_z)
+
+
+def loss_inputs(state: TrainState, prepared: Prepared, hypers: LearnerHypers) -> LossInputs:
+    """The loss's inputs: ``prepared`` (the batch, its target and the support it lives on)
+    and the dynamics' current values in ``state`` (L4's ramped coefficient, M13, M14)."""
+    dyn = state.dynamics
     entropy_coef = losses.entropy_coefficient(jnp.float32(hypers.entropy_base), dyn.utilisation_ema)
-    inputs = LossInputs(
+    batch = prepared.batch
+    return LossInputs(
         obs=batch.obs,
         actions=batch.actions,
         weights=batch.weights,
-        target=target,
-        q_target_s=q_target_s,
-        v_min=v_min,
-        delta_z=delta_z,
+        target=prepared.target,
+        q_target_s=prepared.q_target_s,
+        v_min=prepared.v_min,
+        delta_z=prepared.delta_z,
         entropy_coef=entropy_coef,
         liquid_mod=dyn.liquid.mod,
         xlstm_state=dyn.xlstm,
         last_stats=dyn.last_stats,
     )
-    return batch, inputs
+
+
+def learning_target(
+    state: TrainState,
+    batch: Batch,
+    key: chex.PRNGKey,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[Batch, LossInputs]:
+    """:func:`prepare` then :func:`loss_inputs` at one state: the batch as learned from and
+    the loss's inputs."""
+    prepared = prepare(state, batch, key, pieces=pieces, spec=spec, hypers=hypers)
+    return prepared.batch, loss_inputs(state, prepared, hypers)
 
 
 def observation(parts: LossParts, batch: Batch, target: Target, shards: Shards) -> BatchObservation:
@@ -304,7 +344,21 @@ def step(
     """Everything after the sample: targets → loss and gradient → optax → priorities (L8) →
     target network (L2) → statistics (L7, M13, M14). With the batch split over devices the
     gradients and every batch statistic are global, so each device applies the same update."""
-    batch, inputs = learning_target(state, batch, key, pieces=pieces, spec=spec, hypers=hypers)
+    prepared = prepare(state, batch, key, pieces=pieces, spec=spec, hypers=hypers)
+    return learn(state, prepared, pieces=pieces, spec=spec, hypers=hypers)
+
+
+def learn(
+    state: TrainState,
+    prepared: Prepared,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[TrainState, dict[str, chex.Array]]:
+    """:func:`step` from a prepared batch: loss and gradient → optax → priorities (L8) →
+    target network (L2) → statistics (L7, M13, M14)."""
+    batch, inputs = prepared.batch, loss_inputs(state, prepared, hypers)
     grads, parts = jax.grad(pieces.loss.loss, has_aux=True)(state.params, inputs, hypers.loss)
     # Every loss term is a mean over this device's (equally many) rows: the mean of the
     # devices' gradients is the global batch's gradient.
@@ -385,17 +439,94 @@ def update(
     return step(state.replace(key=key), batch, k_target, **bound)
 
 
+def prefetch(
+    state: TrainState,
+    key: chex.PRNGKey,
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> Prepared:
+    """:func:`sample` and :func:`prepare` at ``state`` with ``key`` (split in two): the batch
+    an update learns from and its target, as :func:`update` would compute them at ``state``
+    (a population member's own values: :func:`member_hypers`)."""
+    hypers = member_hypers(hypers, state.members)
+    k_sample, k_target = jax.random.split(key)
+    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
+    batch = sample(state, spec.shards.fold(k_sample), **bound)
+    return prepare(state, batch, k_target, **bound)
+
+
+def pipelined_update(
+    carry: tuple[TrainState, Prepared],
+    *,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[tuple[TrainState, Prepared], dict[str, chex.Array]]:
+    """One update of the pipelined learner (``optim.pipeline``): learn from the batch
+    prefetched at the state before this one (:func:`learn`) and, independently of it,
+    :func:`prefetch` the next update's batch and target at this state.
+
+    With ``θ_k, θ⁻_k, R_k`` the online and target parameters and the replay (its priorities)
+    before update k, the plain update k samples from ``R_k`` and builds its target with
+    ``θ⁻_k``; the pipelined one learns from a batch sampled from ``R_{k−1}`` with a target
+    from ``θ⁻_{k−1}`` (and the support, reward-std EMA and β of before update k − 1): one
+    update stale, and the loss reads the online network on the support that target lives on.
+    The gradient, the optimiser, the priorities' write and the target network's move use the
+    current state, as in :func:`update`. Nothing in the learn half waits for the prefetch half,
+    so a GPU can run the two side by side: the update's longest chain of dependent kernels
+    loses the sampling, the target network's forward pass and the projection."""
+    state, prepared = carry
+    hypers = member_hypers(hypers, state.members)
+    key, k_next = jax.random.split(state.key)
+    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
+    upcoming = prefetch(state, k_next, **bound)
+    new_state, metrics = learn(state.replace(key=key), prepared, **bound)
+    return (new_state, upcoming), metrics
+
+
+def pipelined_updates(
+    state: TrainState,
+    count: int,
+    *,
+    unroll: int,
+    pieces: Pieces,
+    spec: LearnerSpec,
+    hypers: LearnerHypers,
+) -> tuple[TrainState, dict[str, chex.Array]]:
+    """``count`` :func:`pipelined_update` steps under one ``lax.scan``: the first batch is
+    prefetched at ``state`` before the scan (so it learns from the state's own replay and
+    target network, like :func:`update`), and the batch the last step prefetches is dropped
+    (each scan starts afresh: nothing prefetched crosses an iteration, its acting or a
+    checkpoint). ``(state, metrics)``, each metric ``[count, ...]``."""
+    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
+    key, k_first = jax.random.split(state.key)
+    state = state.replace(key=key)
+    first = prefetch(state, k_first, **bound)
+    body = lambda c, _: pipelined_update(c, **bound)
+    (state, _), metrics = jax.lax.scan(body, (state, first), None, count, unroll=unroll)
+    return state, metrics
+
+
 @dataclasses.dataclass(frozen=True)
 class Learner:
     """``update(state) -> (state, metrics)`` (from :func:`make_learner`) = ``sample(state,
     key) -> Batch`` then ``step(state, batch, key) -> (state, metrics)``; both are exposed for
-    tests (e.g. one given batch on one device vs split over several) and benchmarks.
-    ``hypers``: the numbers bound into them (:class:`LearnerHypers`)."""
+    tests (e.g. one given batch on one device vs split over several) and benchmarks. ``step`` =
+    ``prepare(state, batch, key) -> Prepared`` then ``learn(state, prepared)``; ``prefetch``
+    (sample and prepare) and ``pipelined(state, count, unroll=)`` are ``optim.pipeline``'s
+    (:func:`pipelined_updates`). ``hypers``: the numbers bound into them
+    (:class:`LearnerHypers`)."""
 
     update: Callable[[TrainState], tuple[TrainState, dict[str, chex.Array]]]
     sample: Callable[[TrainState, chex.PRNGKey], Batch]
     step: Callable[[TrainState, Batch, chex.PRNGKey], tuple[TrainState, dict[str, chex.Array]]]
     hypers: LearnerHypers
+    prepare: Callable[[TrainState, Batch, chex.PRNGKey], Prepared]
+    prefetch: Callable[[TrainState, chex.PRNGKey], Prepared]
+    learn: Callable[[TrainState, Prepared], tuple[TrainState, dict[str, chex.Array]]]
+    pipelined: Callable[..., tuple[TrainState, dict[str, chex.Array]]]
 
 
 def make_learner(
@@ -437,4 +568,8 @@ def make_learner(
         sample=functools.partial(sample, **bound),
         step=functools.partial(step, **bound),
         hypers=hypers,
+        prepare=functools.partial(prepare, **bound),
+        prefetch=functools.partial(prefetch, **bound),
+        learn=functools.partial(learn, **bound),
+        pipelined=functools.partial(pipelined_updates, **bound),
     )
