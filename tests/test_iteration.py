@@ -10,7 +10,7 @@ import pytest
 from model_overrides import MODEL_OFF
 
 from jaxdqn import config
-from jaxdqn.agent import iteration, optim
+from jaxdqn.agent import iteration, optim, pipeline
 from jaxdqn.agent.build import build_agent, make_init
 from jaxdqn.market import market as market_setup
 from jaxdqn.program.run.placement import place
@@ -348,13 +348,13 @@ def test_l2_pipelined_learner_learns_from_the_batch_and_target_of_one_update_ear
         piped, metrics = iteration.scan_updates(agent, s0, 2)
         key, k_first = jax.random.split(s0.key)
         s = s0.replace(key=key)
-        first = lrn.prefetch(s, k_first)
+        first = pipeline.prefetch(lrn, s, k_first)
         key, k_next = jax.random.split(s.key)
-        second = lrn.prefetch(s, k_next)
+        second = pipeline.prefetch(lrn, s, k_next)
         s1, _ = lrn.learn(s.replace(key=key), first)
         key, _ = jax.random.split(s1.key)
         s2, _ = lrn.learn(s1.replace(key=key), second)
-        fresh = lrn.prefetch(s1, k_next)  # the same draw, at the state after update 1
+        fresh = pipeline.prefetch(lrn, s1, k_next)  # the same draw, at the state after update 1
         return piped, metrics, s2, second, fresh
 
     piped, metrics, s2, second, fresh = both(start)

@@ -70,7 +70,7 @@ class Agent:
       updates: ``U`` learner updates per iteration.
       unroll: the learner scan's unroll (``optim.unroll``): updates per loop body.
       pipeline: the pipelined learner (``optim.pipeline``,
-        :func:`jaxdqn.agent.learner.pipelined_updates`).
+        :func:`jaxdqn.agent.pipeline.pipelined_updates`).
       members: a population's ``[P]`` member values (:mod:`jaxdqn.agent.population`; None: an
         ordinary run), written into the fresh train states by :func:`make_init`.
       shards: the devices one agent is split over (``Shards()``: one device). Split over

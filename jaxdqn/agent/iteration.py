@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxdqn.agent import nstep as nstep_lib
+from jaxdqn.agent import pipeline
 from jaxdqn.agent import replay as replay_lib
 from jaxdqn.agent.build import Agent
 from jaxdqn.agent.state import TrainState
@@ -130,11 +131,11 @@ def store(
 def scan_updates(agent: Agent, state: TrainState, count: int | None = None):
     """``count`` learner updates (default ``U``, ``optim.updates``) under one ``lax.scan``
     unrolled as ``optim.unroll`` says, pipelined as ``optim.pipeline`` says
-    (:func:`jaxdqn.agent.learner.pipelined_updates`): ``(state, metrics)``, each metric
+    (:func:`jaxdqn.agent.pipeline.pipelined_updates`): ``(state, metrics)``, each metric
     ``[count, ...]``. The iteration's learner and the benches' timed learner programs."""
     n = agent.updates if count is None else count
     if agent.pipeline:
-        return agent.learner.pipelined(state, n, unroll=agent.unroll)
+        return pipeline.pipelined_updates(agent.learner, state, n, unroll=agent.unroll)
     update = lambda c, _: agent.learner.update(c)
     return jax.lax.scan(update, state, None, n, unroll=agent.unroll)
 

@@ -46,9 +46,6 @@ __all__ = [
     "make_learner",
     "member_hypers",
     "observation",
-    "pipelined_update",
-    "pipelined_updates",
-    "prefetch",
     "prepare",
     "rank_normalised",
     "sample",
@@ -439,94 +436,21 @@ def update(
     return step(state.replace(key=key), batch, k_target, **bound)
 
 
-def prefetch(
-    state: TrainState,
-    key: chex.PRNGKey,
-    *,
-    pieces: Pieces,
-    spec: LearnerSpec,
-    hypers: LearnerHypers,
-) -> Prepared:
-    """:func:`sample` and :func:`prepare` at ``state`` with ``key`` (split in two): the batch
-    an update learns from and its target, as :func:`update` would compute them at ``state``
-    (a population member's own values: :func:`member_hypers`)."""
-    hypers = member_hypers(hypers, state.members)
-    k_sample, k_target = jax.random.split(key)
-    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
-    batch = sample(state, spec.shards.fold(k_sample), **bound)
-    return prepare(state, batch, k_target, **bound)
-
-
-def pipelined_update(
-    carry: tuple[TrainState, Prepared],
-    *,
-    pieces: Pieces,
-    spec: LearnerSpec,
-    hypers: LearnerHypers,
-) -> tuple[tuple[TrainState, Prepared], dict[str, chex.Array]]:
-    """One update of the pipelined learner (``optim.pipeline``): learn from the batch
-    prefetched at the state before this one (:func:`learn`) and, independently of it,
-    :func:`prefetch` the next update's batch and target at this state.
-
-    With ``θ_k, θ⁻_k, R_k`` the online and target parameters and the replay (its priorities)
-    before update k, the plain update k samples from ``R_k`` and builds its target with
-    ``θ⁻_k``; the pipelined one learns from a batch sampled from ``R_{k−1}`` with a target
-    from ``θ⁻_{k−1}`` (and the support, reward-std EMA and β of before update k − 1): one
-    update stale, and the loss reads the online network on the support that target lives on.
-    The gradient, the optimiser, the priorities' write and the target network's move use the
-    current state, as in :func:`update`. Nothing in the learn half waits for the prefetch half,
-    so a GPU can run the two side by side: the update's longest chain of dependent kernels
-    loses the sampling, the target network's forward pass and the projection."""
-    state, prepared = carry
-    hypers = member_hypers(hypers, state.members)
-    key, k_next = jax.random.split(state.key)
-    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
-    upcoming = prefetch(state, k_next, **bound)
-    new_state, metrics = learn(state.replace(key=key), prepared, **bound)
-    return (new_state, upcoming), metrics
-
-
-def pipelined_updates(
-    state: TrainState,
-    count: int,
-    *,
-    unroll: int,
-    pieces: Pieces,
-    spec: LearnerSpec,
-    hypers: LearnerHypers,
-) -> tuple[TrainState, dict[str, chex.Array]]:
-    """``count`` :func:`pipelined_update` steps under one ``lax.scan``: the first batch is
-    prefetched at ``state`` before the scan (so it learns from the state's own replay and
-    target network, like :func:`update`), and the batch the last step prefetches is dropped
-    (each scan starts afresh: nothing prefetched crosses an iteration, its acting or a
-    checkpoint). ``(state, metrics)``, each metric ``[count, ...]``."""
-    bound = {"pieces": pieces, "spec": spec, "hypers": hypers}
-    key, k_first = jax.random.split(state.key)
-    state = state.replace(key=key)
-    first = prefetch(state, k_first, **bound)
-    body = lambda c, _: pipelined_update(c, **bound)
-    (state, _), metrics = jax.lax.scan(body, (state, first), None, count, unroll=unroll)
-    return state, metrics
-
-
 @dataclasses.dataclass(frozen=True)
 class Learner:
     """``update(state) -> (state, metrics)`` (from :func:`make_learner`) = ``sample(state,
-    key) -> Batch`` then ``step(state, batch, key) -> (state, metrics)``; both are exposed for
-    tests (e.g. one given batch on one device vs split over several) and benchmarks. ``step`` =
-    ``prepare(state, batch, key) -> Prepared`` then ``learn(state, prepared)``; ``prefetch``
-    (sample and prepare) and ``pipelined(state, count, unroll=)`` are ``optim.pipeline``'s
-    (:func:`pipelined_updates`). ``hypers``: the numbers bound into them
-    (:class:`LearnerHypers`)."""
+    key) -> Batch`` then ``step`` = ``prepare(state, batch, key) -> Prepared`` then
+    ``learn(state, prepared) -> (state, metrics)``, exposed for tests and benchmarks; what is
+    bound into them (``pieces``, ``spec``, ``hypers``) for :mod:`jaxdqn.agent.pipeline`."""
 
     update: Callable[[TrainState], tuple[TrainState, dict[str, chex.Array]]]
     sample: Callable[[TrainState, chex.PRNGKey], Batch]
     step: Callable[[TrainState, Batch, chex.PRNGKey], tuple[TrainState, dict[str, chex.Array]]]
     hypers: LearnerHypers
     prepare: Callable[[TrainState, Batch, chex.PRNGKey], Prepared]
-    prefetch: Callable[[TrainState, chex.PRNGKey], Prepared]
     learn: Callable[[TrainState, Prepared], tuple[TrainState, dict[str, chex.Array]]]
-    pipelined: Callable[..., tuple[TrainState, dict[str, chex.Array]]]
+    pieces: Pieces
+    spec: LearnerSpec
 
 
 def make_learner(
@@ -569,7 +493,7 @@ def make_learner(
         step=functools.partial(step, **bound),
         hypers=hypers,
         prepare=functools.partial(prepare, **bound),
-        prefetch=functools.partial(prefetch, **bound),
         learn=functools.partial(learn, **bound),
-        pipelined=functools.partial(pipelined_updates, **bound),
+        pieces=pieces,
+        spec=spec,
     )
