@@ -89,9 +89,10 @@ class OptimConfig:
         "L2/L8: each learner update learns from a batch sampled, and a target built, during "
         "the update before it (the first at the scan's start): one update stale (the replay's "
         "priorities, the target network, the support and beta of one update earlier), so on a "
-        "GPU the sampling, the target network's pass and the projection run beside the "
+        "GPU the sampling, the target network's pass and the projection can run beside the "
         "previous update's gradient instead of before it. Numerically different from the "
-        "plain learner (false), which is the reference",
+        "plain learner (false), which is the reference. Measured slower (H100, bf16 learner, "
+        "B = 4,096: all off 566 -> 666 us an update, all on 1,075 -> 1,226; bench/RESULTS.md)",
     )
     lr: float = _f(
         3.0e-4, "O1/O2: base learning rate of the main Adam (trunk and branches)", lo=0.0
