@@ -41,7 +41,6 @@ __all__ = [
     "Prepared",
     "beta_schedule",
     "learn",
-    "learning_target",
     "loss_inputs",
     "make_learner",
     "member_hypers",
@@ -301,21 +300,6 @@ def loss_inputs(state: TrainState, prepared: Prepared, hypers: LearnerHypers) ->
     )
 
 
-def learning_target(
-    state: TrainState,
-    batch: Batch,
-    key: chex.PRNGKey,
-    *,
-    pieces: Pieces,
-    spec: LearnerSpec,
-    hypers: LearnerHypers,
-) -> tuple[Batch, LossInputs]:
-    """:func:`prepare` then :func:`loss_inputs` at one state: the batch as learned from and
-    the loss's inputs."""
-    prepared = prepare(state, batch, key, pieces=pieces, spec=spec, hypers=hypers)
-    return prepared.batch, loss_inputs(state, prepared, hypers)
-
-
 def observation(parts: LossParts, batch: Batch, target: Target, shards: Shards) -> BatchObservation:
     """What the dynamics observe of one update: the global batch's rows (every device observes
     the same batch and keeps the same statistics)."""
@@ -439,15 +423,14 @@ def update(
 @dataclasses.dataclass(frozen=True)
 class Learner:
     """``update(state) -> (state, metrics)`` (from :func:`make_learner`) = ``sample(state,
-    key) -> Batch`` then ``step`` = ``prepare(state, batch, key) -> Prepared`` then
-    ``learn(state, prepared) -> (state, metrics)``, exposed for tests and benchmarks; what is
-    bound into them (``pieces``, ``spec``, ``hypers``) for :mod:`jaxdqn.agent.pipeline`."""
+    key) -> Batch`` then ``step`` = :func:`prepare` then ``learn(state, prepared) -> (state,
+    metrics)``, exposed for tests and benchmarks; what is bound into them (``pieces``,
+    ``spec``, ``hypers``) for :mod:`jaxdqn.agent.pipeline`."""
 
     update: Callable[[TrainState], tuple[TrainState, dict[str, chex.Array]]]
     sample: Callable[[TrainState, chex.PRNGKey], Batch]
     step: Callable[[TrainState, Batch, chex.PRNGKey], tuple[TrainState, dict[str, chex.Array]]]
     hypers: LearnerHypers
-    prepare: Callable[[TrainState, Batch, chex.PRNGKey], Prepared]
     learn: Callable[[TrainState, Prepared], tuple[TrainState, dict[str, chex.Array]]]
     pieces: Pieces
     spec: LearnerSpec
@@ -492,7 +475,6 @@ def make_learner(
         sample=functools.partial(sample, **bound),
         step=functools.partial(step, **bound),
         hypers=hypers,
-        prepare=functools.partial(prepare, **bound),
         learn=functools.partial(learn, **bound),
         pieces=pieces,
         spec=spec,
