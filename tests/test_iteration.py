@@ -3,6 +3,7 @@
 import dataclasses
 from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -316,11 +317,6 @@ def test_l8_learner_activations_bf16_update_is_the_float32_update_to_bfloat16_ro
     assert cosine > 0.99, cosine
 
 
-def _close(a, b, **tol):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **tol)
-
-
 def _differs(a, b):
     return any(
         not np.allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-9)
@@ -359,5 +355,5 @@ def test_l2_pipelined_learner_learns_from_the_batch_and_target_of_one_update_ear
 
     piped, metrics, s2, second, fresh = both(start)
     assert metrics["loss"].shape == (2,)
-    _close(piped, s2, rtol=1e-5, atol=1e-7)
+    chex.assert_trees_all_close(piped, s2, rtol=1e-5, atol=1e-7)
     assert _differs(second.target.probs, fresh.target.probs)  # θ⁻ moved by τ = 0.25 meanwhile
