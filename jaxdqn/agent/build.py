@@ -128,7 +128,9 @@ def build_agent(
     oc = cfg.optim
     pieces = learner.Pieces(
         model=model,
-        loss=losses.make_loss(cfg.loss, cfg.model, model, max_gap=r.spread_max_gap, shards=shards),
+        loss=losses.make_loss(
+            cfg.loss, cfg.model, model, max_gap=r.spread_max_gap, shards=shards, head=r.loss_head
+        ),
         replay=make_replay(cfg.replay, obs_dim, alpha=r.replay_alpha),
         optimizer=optim.make_optimizer(
             network.param_labels,

@@ -21,6 +21,7 @@ from jaxdqn.config import LossConfig, ModelConfig
 from jaxdqn.model.network import Model
 from jaxdqn.model.xlstm import XLSTMState
 from jaxdqn.shards import ONE_DEVICE, Shards
+from pallas_kernels.c51_loss import c51_loss_head
 
 
 def c51_cross_entropy(
@@ -304,6 +305,50 @@ def auxiliary_terms(
     return (denoise, coord, select, xl), new_xlstm, context
 
 
+LOSS_HEADS = ("reference", "pallas", "interpret")
+"""The resolved ``kernels.loss_head`` settings."""
+
+
+def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
+    """What the loss reads from the online distributions: L1's per-branch cross-entropies
+    ``[B, 4]``, the entropies ``[B, 4, 3]`` (L4; differentiable), the network's output ``out``
+    with its E[Q] ``[B, 4, 3]`` (``q_mean``) and the atom utilisation (scalar; both read
+    without gradient).
+
+    ``backend`` (``kernels.loss_head`` resolved, one of :data:`LOSS_HEADS`): ``reference``
+    computes them as they always were — :func:`c51_cross_entropy`, :func:`entropy`, the model's
+    M7 E[Q] and :func:`atom_utilisation` of its softmax, each a pass of its own over the
+    ``[B, 4, 3, N]`` logits; ``pallas`` | ``interpret`` by the two Triton kernels of
+    :mod:`pallas_kernels.c51_loss` (compiled | interpreted), which read the logits once forward
+    and once backward, the utilisation then ``mean(exp H) / N`` of their entropies. The same
+    math, equal to float rounding (the reference's utilisation clips p at 1e-12)."""
+    if backend not in LOSS_HEADS:
+        raise ValueError(f"kernels.loss_head: {backend!r} is not one of {LOSS_HEADS}")
+    if backend == "reference":
+        ce = jax.vmap(c51_cross_entropy)(out.logits, inputs.actions, inputs.target.probs)
+        utilisation = atom_utilisation(jax.lax.stop_gradient(out.probs))
+        return ce, entropy(out.logits), out, utilisation
+    b, branches, actions, n = out.logits.shape
+    per_row = lambda x: jnp.repeat(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (b,)), branches)
+    ce, h, q = c51_loss_head(
+        out.logits.reshape(b * branches, actions, n),
+        inputs.actions.reshape(-1),
+        inputs.target.probs.reshape(b * branches, n),
+        per_row(inputs.v_min),
+        per_row(inputs.delta_z),
+        backend=backend,
+    )
+    utilisation = jnp.mean(jnp.exp(jax.lax.stop_gradient(h))) / n
+    shape = (b, branches, actions)
+    # the kernel's E[Q] replaces the model's M7 pass: XLA drops that pass
+    return (
+        ce.reshape(b, branches),
+        h.reshape(shape),
+        out._replace(q_mean=q.reshape(shape)),
+        utilisation,
+    )
+
+
 def batch_loss(
     params: Any,
     inputs: LossInputs,
@@ -313,17 +358,18 @@ def batch_loss(
     terms: LossTerms,
     max_gap: Any,
     shards: Shards = ONE_DEVICE,
+    head: str = "reference",
 ) -> tuple[chex.Array, LossParts]:
     """The total loss of one batch and its parts (the math: :func:`make_loss`)."""
     k = coefficients
     out = model.apply(params, inputs.obs, inputs.v_min, inputs.delta_z)
-    ce = jax.vmap(c51_cross_entropy)(out.logits, inputs.actions, inputs.target.probs)  # [B, 4]
+    ce, row_entropy, out, utilisation = loss_head(out, inputs, head)
     per_sample = ce.sum(axis=-1)
     c51 = jnp.mean(inputs.weights * per_sample)
     spread = jnp.zeros((), jnp.float32)
     if terms.spread:
         spread = spread_term(out, inputs.actions, k.spread, inputs.liquid_mod, max_gap)
-    mean_entropy = jnp.mean(entropy(out.logits))
+    mean_entropy = jnp.mean(row_entropy)
     ent = -inputs.entropy_coef * mean_entropy if terms.entropy else jnp.zeros((), jnp.float32)
     per_sample_sg = jax.lax.stop_gradient(per_sample)
     q_sg = jax.lax.stop_gradient(out.q_mean)
@@ -357,7 +403,7 @@ def batch_loss(
         xlstm=xl,
         per_sample=per_sample_sg,
         q_mean=q_sg,
-        utilisation=atom_utilisation(jax.lax.stop_gradient(out.probs)),
+        utilisation=utilisation,
         mean_entropy=jax.lax.stop_gradient(mean_entropy),
         xlstm_state=new_xlstm,
         context=context,
@@ -372,10 +418,12 @@ def make_loss(
     *,
     max_gap: float = float("inf"),
     shards: Shards = ONE_DEVICE,
+    head: str = "reference",
 ) -> Loss:
     """Total loss = L1 + L3 + L4 + L6 for ``cfg`` and the model's component switches
     (:func:`batch_loss` bound; ``max_gap``: L3's bound in Q units, ``loss.spread_max_gap`` ×
-    the reward unit, resolved once by :func:`jaxdqn.agent.resolve.resolve`).
+    the reward unit, resolved once by :func:`jaxdqn.agent.resolve.resolve`; ``head``: how L1,
+    L4's entropies and the online E[Q] are computed, :func:`loss_head`).
 
     The coordinator (M8–M11) and the xLSTM (M13) see stop-gradient copies of the online E[Q],
     so their terms (L6) do not reach the trunk or the branches; the selectivity head (M12)
@@ -405,7 +453,9 @@ def make_loss(
         model_cfg.selectivity,
         model_cfg.xlstm,
     )
-    loss = functools.partial(batch_loss, model=model, terms=terms, max_gap=max_gap, shards=shards)
+    loss = functools.partial(
+        batch_loss, model=model, terms=terms, max_gap=max_gap, shards=shards, head=head
+    )
     return Loss(
         loss=loss,
         coefficients=make_loss_coefficients(cfg),

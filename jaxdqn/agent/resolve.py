@@ -12,6 +12,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`fused_kernels`: ``kernels.fused`` on this backend;
 * :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
 * :func:`statistics_kernels`: ``kernels.statistics``;
+* :func:`loss_head_kernels`: ``kernels.loss_head``;
 * :func:`triton_kernels`: whether ``auto`` may pick a Triton kernel (a GPU, the fused branches);
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`acting_kernels`: ``kernels.acting`` (likewise);
@@ -44,6 +45,7 @@ __all__ = [
     "fused_kernels",
     "gated_kernels",
     "in_q_units",
+    "loss_head_kernels",
     "make_device_config",
     "projection_backend",
     "projection_fallback",
@@ -81,6 +83,7 @@ class Resolved(NamedTuple):
       acting_product: :func:`acting_product`.
       acting_activations: :func:`acting_activations`.
       learner_activations: ``kernels.learner_activations`` (no rule: it applies everywhere).
+      loss_head: :func:`loss_head_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -101,6 +104,7 @@ class Resolved(NamedTuple):
     acting_product: str
     acting_activations: str
     learner_activations: str
+    loss_head: str
     projection: Projection
 
 
@@ -294,6 +298,12 @@ def statistics_kernels(setting: str) -> str:
     return "reference" if setting == "auto" else setting
 
 
+def loss_head_kernels(setting: str) -> str:
+    """``kernels.loss_head`` resolved: ``auto`` = ``reference`` (the jnp passes every run has
+    used; the kernels are a switch to measure against them)."""
+    return "reference" if setting == "auto" else setting
+
+
 def projection_backend(setting: str, deterministic: bool) -> str:
     """``kernels.projection`` resolved: ``auto`` = ``pallas`` (a Triton pull kernel, the hat
     kernel at ≤ 64 padded atoms: one writer per output; the jnp ``dense`` pull where it cannot
@@ -344,6 +354,7 @@ def resolve_kernels(cfg: Config) -> dict[str, str]:
         "acting_product": acting_product(k.acting_product, k.acting, k.gated),
         "acting_activations": acting_activations(k.acting_activations, k.acting_product),
         "learner_activations": k.learner_activations,
+        "loss_head": loss_head_kernels(k.loss_head),
         "projection": projection_backend(k.projection, cfg.train.deterministic),
     }
 

@@ -383,3 +383,13 @@ class KernelsConfig:
         "to 8 significant bits); f32 is the reference",
         choices=("f32", "bf16"),
     )
+    loss_head: str = _f(
+        "auto",
+        "how the learner computes L1's cross-entropies, L4's entropies, the online E[Q] and the "
+        "atom utilisation from the online logits: reference = jnp, a pass of its own over the "
+        "[B, 4, 3, N] logits for each (and for their gradients); pallas = two Triton kernels "
+        "(pallas_kernels/c51_loss.py) that read the logits once forward and once backward; "
+        "interpret = those kernels under the Pallas interpreter (CPU tests). Equal to float "
+        "rounding. auto = reference",
+        choices=("auto", "reference", "pallas", "interpret"),
+    )

@@ -1,0 +1,257 @@
+"""L1 + L4 + M7's E[Q] from the learner's online logits in one pass, forward and backward, as
+two Pallas Triton kernels under a custom_vjp (jaxdqn's ``kernels.loss_head=pallas``).
+
+Math, per group ``g`` (one sample's branch: ``A`` action rows of ``N`` logits ``x_{g,j}``, the
+taken action ``a_g``, the projected target ``m_g [N]``, the support ``z_i = v_min_g + i·Δz_g``):
+
+    log p_{g,j} = x_{g,j} − max x_{g,j} − log Σ exp(x_{g,j} − max x_{g,j})      (log-softmax)
+    ce_g      = −Σ_i m_{g,i} log p_{g,a_g,i}                                     (L1)
+    H_{g,j}   = −Σ_i p_{g,j,i} log p_{g,j,i}                                     (L4, metrics)
+    Q_{g,j}   = v_min_g + Δz_g Σ_i p_{g,j,i} i                                   (M7's E[Z])
+
+and their vector-Jacobian product for the cotangents ``ḡ_ce [G]`` and ``ḡ_H [G, A]``:
+
+    ∂L/∂x_{g,j,i} = ḡ_ce_g [j = a_g] (p_{g,j,i} Σ_l m_{g,l} − m_{g,i})
+                    − ḡ_H_{g,j} p_{g,j,i} (log p_{g,j,i} + H_{g,j}).
+
+``Q`` is returned without gradient (its cotangent is ignored): the learner reads the online E[Q]
+only under ``stop_gradient`` (dynamics, the L6 inputs, L3's gate).
+
+Why. The learner's jnp loss passes over the ``[B, 4, 3, N]`` logits several times — the
+softmax of M7's statistics and E[Q], the cross-entropy's log-softmax, the entropy's, the atom
+utilisation's logarithm, then the backward of the cross-entropy and the entropy — each an XLA
+reduction over rows of 51 atoms (the all-off bf16 update's trace on an H100: the cross-entropy
+21 + 15 + 12 µs, the statistics' softmax 21 µs, the entropy 22.6 µs; bench/RESULTS.md). Here
+the forward reads the logits and the targets once and writes ``1 + 2A`` numbers a group; the
+backward reads them once more and writes the logits' cotangent. Atoms are padded to a power of
+two (≥ 16) by masked loads; ``bg`` groups a program, the ``A`` actions' tiles one after another.
+
+The jnp reference (:func:`c51_loss_head_reference`) is the same math; the tests hold the kernels
+(interpreted on the CPU) to it and its autodiff to float rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
+
+from pallas_kernels import _backend
+
+__all__ = [
+    "DEFAULT_LOSS_GROUPS",
+    "c51_loss_head",
+    "c51_loss_head_reference",
+    "loss_head_available",
+]
+
+#: groups (sample × branch) a program: 3 actions × [64, 64] float32 tiles, 4 warps
+DEFAULT_LOSS_GROUPS = 64
+DEFAULT_LOSS_WARPS = 4
+
+
+def _pad(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def c51_loss_head_reference(logits, actions, target, v_min, delta_z):
+    """``(ce [G], H [G, A], Q [G, A])`` of ``logits [G, A, N]``, int ``actions [G]``,
+    ``target [G, N]`` on the supports ``v_min``, ``delta_z [G]`` (module docstring's math, jnp;
+    differentiable through ``ce`` and ``H``; ``Q`` under stop_gradient)."""
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    p = jnp.exp(log_p)
+    taken = jnp.arange(logits.shape[1], dtype=actions.dtype)[None, :] == actions[:, None]
+    log_p_taken = jnp.sum(jnp.where(taken[..., None], log_p, 0.0), axis=1)  # [G, N]
+    ce = -jnp.sum(jax.lax.stop_gradient(target) * log_p_taken, axis=-1)
+    h = -jnp.sum(p * log_p, axis=-1)
+    idx = jnp.arange(logits.shape[-1], dtype=logits.dtype)
+    q = v_min[:, None] + delta_z[:, None] * jnp.sum(jax.lax.stop_gradient(p) * idx, axis=-1)
+    return ce, h, q
+
+
+def _tiles(x_ref, act_ref, rows, row_ok, j, n):
+    """Action ``j``'s log-softmax tile of ``bg`` groups and what both kernels read with it:
+    ``(lane_ok [1, NP], p [bg, NP], log p (0 off the lanes), taken [bg], m [bg, NP])``."""
+    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    lane_ok = (lanes < n)[None, :]
+    mask = row_ok[:, None] & lane_ok
+    x = pl_triton.load(x_ref.at[rows[:, None], j * n + lanes[None, :]], mask=mask, other=0.0)
+    x = jnp.where(lane_ok, x.astype(jnp.float32), -jnp.inf)
+    top = jnp.max(x, axis=1, keepdims=True)
+    e = jnp.where(lane_ok, jnp.exp(x - top), 0.0)
+    s = jnp.sum(e, axis=1, keepdims=True)
+    log_p = jnp.where(lane_ok, x - top - jnp.log(s), 0.0)
+    p = e / s
+    a = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
+    return lane_ok, p, log_p, a == j, mask
+
+
+def _forward_kernel(x_ref, m_ref, act_ref, vmin_ref, dz_ref, ce_ref, h_ref, q_ref, *, bg, n, a):
+    rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
+    row_ok = rows < x_ref.shape[0]
+    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    m = pl_triton.load(
+        m_ref.at[rows[:, None], lanes[None, :]], mask=row_ok[:, None] & (lanes < n)[None, :],
+        other=0.0,
+    )  # fmt: skip
+    v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
+    dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
+    idx = lanes.astype(jnp.float32)[None, :]
+    ce = jnp.zeros((bg,), jnp.float32)
+    for j in range(a):
+        _, p, log_p, taken, _ = _tiles(x_ref, act_ref, rows, row_ok, j, n)
+        ce = ce + jnp.where(taken, -jnp.sum(m * log_p, axis=1), 0.0)
+        pl_triton.store(h_ref.at[rows, j], -jnp.sum(p * log_p, axis=1), mask=row_ok)
+        pl_triton.store(q_ref.at[rows, j], v_min + dz * jnp.sum(p * idx, axis=1), mask=row_ok)
+    pl_triton.store(ce_ref.at[rows], ce, mask=row_ok)
+
+
+def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a):
+    rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
+    row_ok = rows < x_ref.shape[0]
+    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    m = pl_triton.load(
+        m_ref.at[rows[:, None], lanes[None, :]], mask=row_ok[:, None] & (lanes < n)[None, :],
+        other=0.0,
+    )  # fmt: skip
+    mass = jnp.sum(m, axis=1, keepdims=True)
+    g_ce = pl_triton.load(gce_ref.at[rows], mask=row_ok, other=0.0)[:, None]
+    for j in range(a):
+        _, p, log_p, taken, mask = _tiles(x_ref, act_ref, rows, row_ok, j, n)
+        h = -jnp.sum(p * log_p, axis=1, keepdims=True)
+        g_h = pl_triton.load(gh_ref.at[rows, j], mask=row_ok, other=0.0)[:, None]
+        dx = jnp.where(taken[:, None], g_ce * (p * mass - m), 0.0) - g_h * p * (log_p + h)
+        pl_triton.store(dx_ref.at[rows[:, None], j * n + lanes[None, :]], dx, mask=mask)
+
+
+def _check(logits, actions, target, v_min, delta_z):
+    g, a, n = logits.shape
+    if (
+        actions.shape != (g,)
+        or target.shape != (g, n)
+        or v_min.shape != (g,)
+        or delta_z.shape != (g,)
+    ):
+        raise ValueError(
+            "c51_loss_head: logits [G, A, N], actions [G], target [G, N], v_min [G], "
+            f"delta_z [G] disagree: {logits.shape}, {actions.shape}, {target.shape}, "
+            f"{v_min.shape}, {delta_z.shape}"
+        )
+    return g, a, n
+
+
+def _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps):
+    g, a, n = logits.shape
+    f32 = jnp.float32
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, bg=bg, n=n, a=a),
+        out_shape=(
+            jax.ShapeDtypeStruct((g,), f32),
+            jax.ShapeDtypeStruct((g, a), f32),
+            jax.ShapeDtypeStruct((g, a), f32),
+        ),
+        grid=(pl.cdiv(g, bg),),
+        compiler_params=_backend.compiler_params(warps),
+        interpret=interpret,
+        name="c51_loss_head",
+    )(logits.reshape(g, a * n), target, actions, v_min, delta_z)
+
+
+def _backward_call(logits, actions, target, g_ce, g_h, interpret, bg, warps):
+    g, a, n = logits.shape
+    dx = pl.pallas_call(
+        functools.partial(_backward_kernel, bg=bg, n=n, a=a),
+        out_shape=jax.ShapeDtypeStruct((g, a * n), jnp.float32),
+        grid=(pl.cdiv(g, bg),),
+        compiler_params=_backend.compiler_params(warps),
+        interpret=interpret,
+        name="c51_loss_head_grad",
+    )(logits.reshape(g, a * n), target, actions, g_ce, g_h)
+    return dx.reshape(g, a, n).astype(logits.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _loss_head(logits, actions, target, v_min, delta_z, interpret, bg, warps):
+    return _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps)
+
+
+def _loss_head_fwd(logits, actions, target, v_min, delta_z, interpret, bg, warps):
+    out = _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps)
+    return out, (logits, actions, target, v_min, delta_z)
+
+
+def _loss_head_bwd(interpret, bg, warps, res, cot):
+    logits, actions, target, v_min, delta_z = res
+    g_ce, g_h, _ = cot  # Q has no gradient (module docstring)
+    dx = _backward_call(
+        logits, actions, target, g_ce.astype(jnp.float32), g_h.astype(jnp.float32),
+        interpret, bg, warps,
+    )  # fmt: skip
+    zero = lambda x: (
+        np.zeros(x.shape, jax.dtypes.float0) if jnp.issubdtype(x.dtype, jnp.integer)
+        else jnp.zeros_like(x)
+    )  # fmt: skip
+    # The target enters under stop_gradient (a projected Bellman target, L1).
+    return dx, zero(actions), jnp.zeros_like(target), zero(v_min), zero(delta_z)
+
+
+_loss_head.defvjp(_loss_head_fwd, _loss_head_bwd)
+
+
+def c51_loss_head(
+    logits: jax.Array,
+    actions: jax.Array,
+    target: jax.Array,
+    v_min: jax.Array,
+    delta_z: jax.Array,
+    *,
+    backend: str = "pallas",
+    groups: int = DEFAULT_LOSS_GROUPS,
+    num_warps: int = DEFAULT_LOSS_WARPS,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(ce [G], H [G, A], Q [G, A])`` (module docstring) of ``logits [G, A, N]``, int32
+    ``actions [G]``, ``target [G, N]``, ``v_min``, ``delta_z [G]``. ``backend``: ``pallas``
+    (the Triton kernels; the jnp reference where they cannot be built here), ``interpret``
+    (the kernels under the Pallas interpreter: CPU tests) or ``reference`` (jnp). Gradients
+    flow to ``logits`` through ``ce`` and ``H``; ``target`` and ``Q`` carry none."""
+    _check(logits, actions, target, v_min, delta_z)
+    if backend not in ("pallas", "interpret", "reference"):
+        raise ValueError(f"c51_loss_head: backend must be pallas, interpret or reference, "
+                         f"got {backend!r}")  # fmt: skip
+    if groups & (groups - 1) or groups < 16:
+        raise ValueError(f"c51_loss_head: groups must be a power of two >= 16, got {groups}")
+    f32 = jnp.float32
+    target, v_min, delta_z = target.astype(f32), v_min.astype(f32), delta_z.astype(f32)
+    actions = actions.astype(jnp.int32)
+    if backend == "reference" or (
+        backend == "pallas" and not loss_head_available(logits.shape[1], logits.shape[2])
+    ):
+        return c51_loss_head_reference(logits.astype(f32), actions, target, v_min, delta_z)
+    interpret = backend == "interpret"
+    return _loss_head(logits.astype(f32), actions, target, v_min, delta_z, interpret, groups,
+                      num_warps)  # fmt: skip
+
+
+def loss_head_available(a: int, n: int) -> bool:
+    """Whether both kernels build and run here for ``a`` actions of ``n`` atoms (once per
+    process; one warning and False where they do not, so the caller uses the reference)."""
+
+    def build():
+        g = 2 * DEFAULT_LOSS_GROUPS + 3  # ragged
+        x = np.linspace(-3.0, 3.0, g * a * n, dtype=np.float32).reshape(g, a, n)
+        acts = np.arange(g, dtype=np.int32) % a
+        m = np.full((g, n), 1.0 / n, np.float32)
+        ones = np.ones((g,), np.float32)
+
+        def loss(x):
+            ce, h, _ = _loss_head(x, acts, m, -ones, ones, False, DEFAULT_LOSS_GROUPS,
+                                  DEFAULT_LOSS_WARPS)  # fmt: skip
+            return jnp.sum(ce) + jnp.sum(h)
+
+        jax.block_until_ready(jax.jit(jax.grad(loss))(x))
+
+    return _backend.kernel_available(("c51_loss_head", a, n), build)
