@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_LOSS_GROUPS",
     "c51_loss_head",
     "c51_loss_head_reference",
+    "dueling_reference",
     "loss_head_available",
 ]
 
@@ -73,82 +74,113 @@ def c51_loss_head_reference(logits, actions, target, v_min, delta_z):
     return ce, h, q
 
 
-def _tiles(x_ref, act_ref, rows, row_ok, j, n):
-    """Action ``j``'s log-softmax tile of ``bg`` groups and what both kernels read with it:
-    ``(lane_ok [1, NP], p [bg, NP], log p (0 off the lanes), taken [bg], m [bg, NP])``."""
+def _logit_tiles(x_ref, rows, row_ok, n, a, dueling):
+    """The ``a`` actions' logits tiles ``[bg, NP]`` of ``bg`` groups (float32, −inf off the
+    lanes) and ``lane_ok [1, NP]``: read from ``[G, A·N]`` logits, or with ``dueling`` from
+    ``[G, (1+A)·N]`` heads ``[v | A_0 | …]`` as ``v + A_j − mean_i A_i`` (M6's combination)."""
     lanes = jnp.arange(_pad(n), dtype=jnp.int32)
     lane_ok = (lanes < n)[None, :]
     mask = row_ok[:, None] & lane_ok
-    x = pl_triton.load(x_ref.at[rows[:, None], j * n + lanes[None, :]], mask=mask, other=0.0)
-    x = jnp.where(lane_ok, x.astype(jnp.float32), -jnp.inf)
+    load = lambda k: pl_triton.load(
+        x_ref.at[rows[:, None], k * n + lanes[None, :]], mask=mask, other=0.0
+    ).astype(jnp.float32)
+    if dueling:
+        v = load(0)
+        adv = [load(1 + j) for j in range(a)]
+        mean = sum(adv[1:], adv[0]) * (1.0 / a)
+        xs = [v + adv_j - mean for adv_j in adv]
+    else:
+        xs = [load(j) for j in range(a)]
+    return [jnp.where(lane_ok, x, -jnp.inf) for x in xs], lane_ok, mask
+
+
+def _log_softmax(x, lane_ok):
+    """``(p, log p)`` of a tile's rows, ``log p`` 0 off the lanes (so ``p · log p`` is 0 there)."""
     top = jnp.max(x, axis=1, keepdims=True)
     e = jnp.where(lane_ok, jnp.exp(x - top), 0.0)
     s = jnp.sum(e, axis=1, keepdims=True)
-    log_p = jnp.where(lane_ok, x - top - jnp.log(s), 0.0)
-    p = e / s
-    a = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
-    return lane_ok, p, log_p, a == j, mask
+    return e / s, jnp.where(lane_ok, x - top - jnp.log(s), 0.0)
 
 
-def _forward_kernel(x_ref, m_ref, act_ref, vmin_ref, dz_ref, ce_ref, h_ref, q_ref, *, bg, n, a):
+def _targets(m_ref, rows, row_ok, n):
+    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    mask = row_ok[:, None] & (lanes < n)[None, :]
+    return pl_triton.load(m_ref.at[rows[:, None], lanes[None, :]], mask=mask, other=0.0)
+
+
+def _forward_kernel(
+    x_ref, m_ref, act_ref, vmin_ref, dz_ref, ce_ref, h_ref, q_ref, *, bg, n, a, dueling
+):
     rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
     row_ok = rows < x_ref.shape[0]
-    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
-    m = pl_triton.load(
-        m_ref.at[rows[:, None], lanes[None, :]], mask=row_ok[:, None] & (lanes < n)[None, :],
-        other=0.0,
-    )  # fmt: skip
+    m = _targets(m_ref, rows, row_ok, n)
+    taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
-    idx = lanes.astype(jnp.float32)[None, :]
+    idx = jnp.arange(_pad(n), dtype=jnp.int32).astype(jnp.float32)[None, :]
+    xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, a, dueling)
     ce = jnp.zeros((bg,), jnp.float32)
-    for j in range(a):
-        _, p, log_p, taken, _ = _tiles(x_ref, act_ref, rows, row_ok, j, n)
-        ce = ce + jnp.where(taken, -jnp.sum(m * log_p, axis=1), 0.0)
+    for j, x in enumerate(xs):
+        p, log_p = _log_softmax(x, lane_ok)
+        ce = ce + jnp.where(taken == j, -jnp.sum(m * log_p, axis=1), 0.0)
         pl_triton.store(h_ref.at[rows, j], -jnp.sum(p * log_p, axis=1), mask=row_ok)
         pl_triton.store(q_ref.at[rows, j], v_min + dz * jnp.sum(p * idx, axis=1), mask=row_ok)
     pl_triton.store(ce_ref.at[rows], ce, mask=row_ok)
 
 
-def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a):
+def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a, dueling):
     rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
     row_ok = rows < x_ref.shape[0]
     lanes = jnp.arange(_pad(n), dtype=jnp.int32)
-    m = pl_triton.load(
-        m_ref.at[rows[:, None], lanes[None, :]], mask=row_ok[:, None] & (lanes < n)[None, :],
-        other=0.0,
-    )  # fmt: skip
+    m = _targets(m_ref, rows, row_ok, n)
     mass = jnp.sum(m, axis=1, keepdims=True)
+    taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
     g_ce = pl_triton.load(gce_ref.at[rows], mask=row_ok, other=0.0)[:, None]
-    for j in range(a):
-        _, p, log_p, taken, mask = _tiles(x_ref, act_ref, rows, row_ok, j, n)
+    xs, lane_ok, mask = _logit_tiles(x_ref, rows, row_ok, n, a, dueling)
+    store = lambda k, d: pl_triton.store(
+        dx_ref.at[rows[:, None], k * n + lanes[None, :]], d, mask=mask
+    )
+    dxs = []
+    for j, x in enumerate(xs):
+        p, log_p = _log_softmax(x, lane_ok)
         h = -jnp.sum(p * log_p, axis=1, keepdims=True)
         g_h = pl_triton.load(gh_ref.at[rows, j], mask=row_ok, other=0.0)[:, None]
-        dx = jnp.where(taken[:, None], g_ce * (p * mass - m), 0.0) - g_h * p * (log_p + h)
-        pl_triton.store(dx_ref.at[rows[:, None], j * n + lanes[None, :]], dx, mask=mask)
+        dx = jnp.where((taken == j)[:, None], g_ce * (p * mass - m), 0.0) - g_h * p * (log_p + h)
+        if dueling:
+            dxs.append(dx)
+        else:
+            store(j, dx)
+    if dueling:  # x_j = v + A_j − mean A: dv = Σ_j dx_j, dA_j = dx_j − (1/A) Σ_k dx_k
+        total = sum(dxs[1:], dxs[0])
+        store(0, total)
+        for j, dx in enumerate(dxs):
+            store(1 + j, dx - total * (1.0 / a))
 
 
-def _check(logits, actions, target, v_min, delta_z):
-    g, a, n = logits.shape
+def _check(x, actions, target, v_min, delta_z, dueling):
+    g, k, n = x.shape
+    what = "heads [G, 1+A, N]" if dueling else "logits [G, A, N]"
     if (
         actions.shape != (g,)
         or target.shape != (g, n)
         or v_min.shape != (g,)
         or delta_z.shape != (g,)
+        or k < (2 if dueling else 1)
     ):
         raise ValueError(
-            "c51_loss_head: logits [G, A, N], actions [G], target [G, N], v_min [G], "
-            f"delta_z [G] disagree: {logits.shape}, {actions.shape}, {target.shape}, "
-            f"{v_min.shape}, {delta_z.shape}"
+            f"c51_loss_head: {what}, actions [G], target [G, N], v_min [G], delta_z [G] "
+            f"disagree: {x.shape}, {actions.shape}, {target.shape}, {v_min.shape}, "
+            f"{delta_z.shape}"
         )
-    return g, a, n
+    return g, k - 1 if dueling else k, n
 
 
-def _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps):
-    g, a, n = logits.shape
+def _forward_call(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps):
+    g, k, n = x.shape
+    a = k - 1 if dueling else k
     f32 = jnp.float32
     return pl.pallas_call(
-        functools.partial(_forward_kernel, bg=bg, n=n, a=a),
+        functools.partial(_forward_kernel, bg=bg, n=n, a=a, dueling=dueling),
         out_shape=(
             jax.ShapeDtypeStruct((g,), f32),
             jax.ShapeDtypeStruct((g, a), f32),
@@ -158,42 +190,43 @@ def _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps)
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="c51_loss_head",
-    )(logits.reshape(g, a * n), target, actions, v_min, delta_z)
+    )(x.reshape(g, k * n), target, actions, v_min, delta_z)
 
 
-def _backward_call(logits, actions, target, g_ce, g_h, interpret, bg, warps):
-    g, a, n = logits.shape
+def _backward_call(x, actions, target, g_ce, g_h, dueling, interpret, bg, warps):
+    g, k, n = x.shape
+    a = k - 1 if dueling else k
     dx = pl.pallas_call(
-        functools.partial(_backward_kernel, bg=bg, n=n, a=a),
-        out_shape=jax.ShapeDtypeStruct((g, a * n), jnp.float32),
+        functools.partial(_backward_kernel, bg=bg, n=n, a=a, dueling=dueling),
+        out_shape=jax.ShapeDtypeStruct((g, k * n), jnp.float32),
         grid=(pl.cdiv(g, bg),),
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="c51_loss_head_grad",
-    )(logits.reshape(g, a * n), target, actions, g_ce, g_h)
-    return dx.reshape(g, a, n).astype(logits.dtype)
+    )(x.reshape(g, k * n), target, actions, g_ce, g_h)
+    return dx.reshape(g, k, n).astype(x.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _loss_head(logits, actions, target, v_min, delta_z, interpret, bg, warps):
-    return _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _loss_head(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps):
+    return _forward_call(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps)
 
 
-def _loss_head_fwd(logits, actions, target, v_min, delta_z, interpret, bg, warps):
-    out = _forward_call(logits, actions, target, v_min, delta_z, interpret, bg, warps)
-    return out, (logits, actions, target, v_min, delta_z)
+def _loss_head_fwd(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps):
+    out = _forward_call(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps)
+    return out, (x, actions, target, v_min, delta_z)
 
 
-def _loss_head_bwd(interpret, bg, warps, res, cot):
-    logits, actions, target, v_min, delta_z = res
+def _loss_head_bwd(dueling, interpret, bg, warps, res, cot):
+    x, actions, target, v_min, delta_z = res
     g_ce, g_h, _ = cot  # Q has no gradient (module docstring)
+    f32 = jnp.float32
     dx = _backward_call(
-        logits, actions, target, g_ce.astype(jnp.float32), g_h.astype(jnp.float32),
-        interpret, bg, warps,
-    )  # fmt: skip
-    zero = lambda x: (
-        np.zeros(x.shape, jax.dtypes.float0) if jnp.issubdtype(x.dtype, jnp.integer)
-        else jnp.zeros_like(x)
+        x, actions, target, g_ce.astype(f32), g_h.astype(f32), dueling, interpret, bg, warps
+    )
+    zero = lambda y: (
+        np.zeros(y.shape, jax.dtypes.float0) if jnp.issubdtype(y.dtype, jnp.integer)
+        else jnp.zeros_like(y)
     )  # fmt: skip
     # The target enters under stop_gradient (a projected Bellman target, L1).
     return dx, zero(actions), jnp.zeros_like(target), zero(v_min), zero(delta_z)
@@ -202,56 +235,72 @@ def _loss_head_bwd(interpret, bg, warps, res, cot):
 _loss_head.defvjp(_loss_head_fwd, _loss_head_bwd)
 
 
+def dueling_reference(heads: jax.Array) -> jax.Array:
+    """M6's combination of ``heads [..., 1+A, N]`` = ``[v | A_0 | …]``: logits ``[..., A, N]``
+    = ``v + A_j − mean_i A_i`` (jnp)."""
+    v, adv = heads[..., :1, :], heads[..., 1:, :]
+    return v + adv - jnp.mean(adv, axis=-2, keepdims=True)
+
+
 def c51_loss_head(
-    logits: jax.Array,
+    x: jax.Array,
     actions: jax.Array,
     target: jax.Array,
     v_min: jax.Array,
     delta_z: jax.Array,
     *,
+    dueling: bool = False,
     backend: str = "pallas",
     groups: int = DEFAULT_LOSS_GROUPS,
     num_warps: int = DEFAULT_LOSS_WARPS,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(ce [G], H [G, A], Q [G, A])`` (module docstring) of ``logits [G, A, N]``, int32
-    ``actions [G]``, ``target [G, N]``, ``v_min``, ``delta_z [G]``. ``backend``: ``pallas``
-    (the Triton kernels; the jnp reference where they cannot be built here), ``interpret``
-    (the kernels under the Pallas interpreter: CPU tests) or ``reference`` (jnp). Gradients
-    flow to ``logits`` through ``ce`` and ``H``; ``target`` and ``Q`` carry none."""
-    _check(logits, actions, target, v_min, delta_z)
+    """``(ce [G], H [G, A], Q [G, A])`` (module docstring) of ``x`` = ``logits [G, A, N]``, or
+    with ``dueling`` the heads' outputs ``[G, 1+A, N]`` = ``[v | A_0 | …]`` whose logits are
+    ``v + A_j − mean_i A_i`` (M6's combination, then done inside the kernels: the logits are
+    never written, and the backward writes the heads' cotangent ``dv = Σ_j dx_j``,
+    ``dA_j = dx_j − (1/A) Σ_k dx_k``); int32 ``actions [G]``, ``target [G, N]``, ``v_min``,
+    ``delta_z [G]``. ``backend``: ``pallas`` (the Triton kernels; the jnp reference where they
+    cannot be built here), ``interpret`` (the kernels under the Pallas interpreter: CPU tests)
+    or ``reference`` (jnp). Gradients flow to ``x`` through ``ce`` and ``H``; ``target`` and
+    ``Q`` carry none."""
+    _, a, n = _check(x, actions, target, v_min, delta_z, dueling)
     if backend not in ("pallas", "interpret", "reference"):
         raise ValueError(f"c51_loss_head: backend must be pallas, interpret or reference, "
                          f"got {backend!r}")  # fmt: skip
     if groups & (groups - 1) or groups < 16:
         raise ValueError(f"c51_loss_head: groups must be a power of two >= 16, got {groups}")
     f32 = jnp.float32
-    target, v_min, delta_z = target.astype(f32), v_min.astype(f32), delta_z.astype(f32)
+    x, target, v_min, delta_z = (
+        x.astype(f32),
+        target.astype(f32),
+        v_min.astype(f32),
+        delta_z.astype(f32),
+    )
     actions = actions.astype(jnp.int32)
-    if backend == "reference" or (
-        backend == "pallas" and not loss_head_available(logits.shape[1], logits.shape[2])
-    ):
-        return c51_loss_head_reference(logits.astype(f32), actions, target, v_min, delta_z)
-    interpret = backend == "interpret"
-    return _loss_head(logits.astype(f32), actions, target, v_min, delta_z, interpret, groups,
-                      num_warps)  # fmt: skip
+    if backend == "reference" or (backend == "pallas" and not loss_head_available(a, n, dueling)):
+        logits = dueling_reference(x) if dueling else x
+        return c51_loss_head_reference(logits, actions, target, v_min, delta_z)
+    args = (dueling, backend == "interpret", groups, num_warps)
+    return _loss_head(x, actions, target, v_min, delta_z, *args)
 
 
-def loss_head_available(a: int, n: int) -> bool:
-    """Whether both kernels build and run here for ``a`` actions of ``n`` atoms (once per
-    process; one warning and False where they do not, so the caller uses the reference)."""
+def loss_head_available(a: int, n: int, dueling: bool = False) -> bool:
+    """Whether both kernels build and run here for ``a`` actions of ``n`` atoms (read from the
+    heads' outputs with ``dueling``; once per process; one warning and False where they do
+    not, so the caller uses the reference)."""
 
     def build():
-        g = 2 * DEFAULT_LOSS_GROUPS + 3  # ragged
-        x = np.linspace(-3.0, 3.0, g * a * n, dtype=np.float32).reshape(g, a, n)
+        g, k = 2 * DEFAULT_LOSS_GROUPS + 3, a + 1 if dueling else a  # ragged
+        x = np.linspace(-3.0, 3.0, g * k * n, dtype=np.float32).reshape(g, k, n)
         acts = np.arange(g, dtype=np.int32) % a
         m = np.full((g, n), 1.0 / n, np.float32)
         ones = np.ones((g,), np.float32)
 
         def loss(x):
-            ce, h, _ = _loss_head(x, acts, m, -ones, ones, False, DEFAULT_LOSS_GROUPS,
-                                  DEFAULT_LOSS_WARPS)  # fmt: skip
+            args = (dueling, False, DEFAULT_LOSS_GROUPS, DEFAULT_LOSS_WARPS)
+            ce, h, _ = _loss_head(x, acts, m, -ones, ones, *args)
             return jnp.sum(ce) + jnp.sum(h)
 
         jax.block_until_ready(jax.jit(jax.grad(loss))(x))
 
-    return _backend.kernel_available(("c51_loss_head", a, n), build)
+    return _backend.kernel_available(("c51_loss_head", a, n, dueling), build)

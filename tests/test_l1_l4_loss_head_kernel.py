@@ -111,6 +111,36 @@ def test_l1_l4_loss_head_kernel_gradients_equal_the_reference_autodiff_and_finit
     np.testing.assert_allclose(got[i], fd, rtol=2e-2, atol=2e-3)
 
 
+def test_m6_l1_dueling_loss_head_kernel_equals_the_reference_on_the_heads_outputs():
+    """``dueling=True`` reads ``[v | A_0 | A_1 | A_2]`` and combines them in the kernels: the
+    values are the logits kernel's on ``v + A_j − mean A`` (by hand, float64), and the heads'
+    cotangent is the reference's autodiff through M6's combination (dv = Σ_j dx_j, dA_j = dx_j
+    − mean_k dx_k); without the combination's mean (a plain v + A_j) the values would differ."""
+    _, actions, target, v_min, dz = _inputs(37, 51, seed=5)
+    heads = 2.0 * jax.random.normal(jax.random.PRNGKey(11), (37, 4, 51))
+    x = np.asarray(heads, np.float64)
+    by_hand = x[:, :1] + x[:, 1:] - x[:, 1:].mean(1, keepdims=True)
+    got = c51_loss_head(heads, actions, target, v_min, dz, dueling=True, backend=BACKEND, groups=16)
+    for a, b in zip(got, _by_hand(by_hand, actions, target, v_min, dz), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+    plain = c51_loss_head(heads[:, :1] + heads[:, 1:], actions, target, v_min, dz, backend=BACKEND)
+    assert float(jnp.max(jnp.abs(plain[0] - got[0]))) > 1e-2
+    k1, k2 = jax.random.split(jax.random.PRNGKey(2))
+    w_ce, w_h = jax.random.normal(k1, (37,)), jax.random.normal(k2, (37, 3))
+
+    def objective(y, backend):
+        ce, h, _ = c51_loss_head(
+            y, actions, target, v_min, dz, dueling=True, backend=backend, groups=16
+        )
+        return jnp.sum(w_ce * ce) + jnp.sum(w_h * h)
+
+    grad = jax.grad(objective)(heads, BACKEND)
+    ref = jax.grad(objective)(heads, "reference")
+    np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=2e-6)
+    # the advantages' cotangents sum to 0 over the actions (the mean is subtracted)
+    np.testing.assert_allclose(jnp.sum(grad[:, 1:], axis=1), 0.0, atol=1e-5)
+
+
 def test_l1_loss_head_kernel_takes_no_gradient_to_the_target_and_refuses_bad_shapes():
     logits, actions, target, v_min, dz = _inputs(16, 11, seed=1)
     gt = jax.grad(
@@ -123,7 +153,8 @@ def test_l1_loss_head_kernel_takes_no_gradient_to_the_target_and_refuses_bad_sha
         c51_loss_head(logits, actions, target, v_min, dz, backend="cuda")
 
 
-def test_l1_loss_head_kernels_lower_to_triton_at_the_learner_s_size():
+@pytest.mark.parametrize("dueling", [False, True], ids=["logits", "dueling"])
+def test_l1_loss_head_kernels_lower_to_triton_at_the_learner_s_size(dueling):
     """Pallas → Triton IR for CUDA on the CPU at B = 4,096 × 4 branches: one forward and one
     backward kernel in the differentiated program."""
     g = 4096 * 4
@@ -131,11 +162,11 @@ def test_l1_loss_head_kernels_lower_to_triton_at_the_learner_s_size():
     acts = jax.ShapeDtypeStruct((g,), jnp.int32)
 
     def loss(x, a, m, v, d):
-        ce, h, _ = _loss_head(x, a, m, v, d, False, 64, 4)
+        ce, h, _ = _loss_head(x, a, m, v, d, dueling, False, 64, 4)
         return jnp.sum(ce) + jnp.sum(h)
 
     fn = jax.jit(jax.grad(loss))
-    text = fn.trace(f32(g, 3, 51), acts, f32(g, 51), f32(g), f32(g)).lower(
+    text = fn.trace(f32(g, 4 if dueling else 3, 51), acts, f32(g, 51), f32(g), f32(g)).lower(
         lowering_platforms=("cuda",)
     )
     assert text.as_text().count("__gpu$xla.gpu.triton") == 2
@@ -166,6 +197,45 @@ def test_l1_make_loss_with_the_loss_head_kernel_equals_the_reference(spread):
             getattr(p_got, name), getattr(p_ref, name), rtol=1e-5, atol=1e-6, err_msg=name
         )
     assert float(p_ref.entropy) != 0.0 and float(p_ref.c51) > 0.0
+    for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("m5", [True, False], ids=["m5_on", "m5_off"])
+def test_m6_l1_make_loss_with_the_dueling_loss_head_equals_the_reference(m5):
+    """The fused branches' model made with ``raw_heads`` gives the heads' ``[v | A]`` (the
+    per-branch modules' parameters: the same model), and the whole loss with
+    ``kernels.loss_head=dueling`` interpreted — the logits never formed for L1, L4 and E[Q] —
+    equals the reference loss of the logits in value, parts and every parameter's gradient, with
+    M5's conditioned magnitude branch (heads stacked from two calls) and without it."""
+    import dataclasses
+
+    cfg = dataclasses.replace(_MODEL_CFG, dir_conditioning=m5)
+    raw = make_model(cfg, _OBS_DIM, kan_backend="reference", fused=True, raw_heads=True)
+    plain = make_model(cfg, _OBS_DIM, kan_backend="reference", fused=True)
+    lc = LossConfig(spread=True)
+    params, inputs = _loss_inputs(plain)
+    out = raw.apply(params, inputs.obs, inputs.v_min, inputs.delta_z)
+    assert out.heads is not None and out.heads.shape == (
+        *out.logits.shape[:2],
+        4,
+        _MODEL_CFG.num_atoms,
+    )
+    v, adv = out.heads[:, :, :1], out.heads[:, :, 1:]
+    np.testing.assert_allclose(v + adv - adv.mean(2, keepdims=True), out.logits, atol=1e-5)
+    assert plain.apply(params, inputs.obs, inputs.v_min, inputs.delta_z).heads is None
+    results = {}
+    for model, head in ((plain, "reference"), (raw, "dueling_interpret")):
+        loss = L.make_loss(lc, cfg, model, max_gap=lc.spread_max_gap * _UNIT, head=head)
+        fn = jax.value_and_grad(loss.loss, has_aux=True)
+        results[head] = jax.jit(fn)(params, inputs, loss.coefficients)
+    (t_ref, p_ref), g_ref = results["reference"]
+    (t_got, p_got), g_got = results["dueling_interpret"]
+    np.testing.assert_allclose(t_got, t_ref, rtol=1e-5)
+    for name in ("c51", "spread", "entropy", "per_sample", "q_mean", "utilisation"):
+        np.testing.assert_allclose(
+            getattr(p_got, name), getattr(p_ref, name), rtol=1e-5, atol=1e-6, err_msg=name
+        )
     for a, b in zip(jax.tree.leaves(g_got), jax.tree.leaves(g_ref), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 

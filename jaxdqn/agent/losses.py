@@ -305,8 +305,10 @@ def auxiliary_terms(
     return (denoise, coord, select, xl), new_xlstm, context
 
 
-LOSS_HEADS = ("reference", "pallas", "interpret")
+LOSS_HEADS = ("reference", "pallas", "interpret", "dueling", "dueling_interpret")
 """The resolved ``kernels.loss_head`` settings."""
+DUELING_HEADS = ("dueling", "dueling_interpret")
+"""The settings whose kernels read the heads' outputs before M6 (:attr:`NetworkOutput.heads`)."""
 
 
 def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
@@ -320,8 +322,12 @@ def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
     M7 E[Q] and :func:`atom_utilisation` of its softmax, each a pass of its own over the
     ``[B, 4, 3, N]`` logits; ``pallas`` | ``interpret`` by the two Triton kernels of
     :mod:`pallas_kernels.c51_loss` (compiled | interpreted), which read the logits once forward
-    and once backward, the utilisation then ``mean(exp H) / N`` of their entropies. The same
-    math, equal to float rounding (the reference's utilisation clips p at 1e-12)."""
+    and once backward, the utilisation then ``mean(exp H) / N`` of their entropies;
+    ``dueling`` | ``dueling_interpret``: those kernels reading the heads' ``[v | A_0 | A_1 |
+    A_2]`` (``out.heads``, a model made with ``raw_heads``) and doing M6's combination
+    themselves, so the combination's passes forward and backward go too (where the model gives
+    no heads, as the logits kernels). The same math, equal to float rounding (the reference's
+    utilisation clips p at 1e-12)."""
     if backend not in LOSS_HEADS:
         raise ValueError(f"kernels.loss_head: {backend!r} is not one of {LOSS_HEADS}")
     if backend == "reference":
@@ -330,13 +336,16 @@ def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
         return ce, entropy(out.logits), out, utilisation
     b, branches, actions, n = out.logits.shape
     per_row = lambda x: jnp.repeat(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (b,)), branches)
+    dueling = backend in DUELING_HEADS and out.heads is not None
+    x = out.heads if dueling else out.logits
     ce, h, q = c51_loss_head(
-        out.logits.reshape(b * branches, actions, n),
+        x.reshape(b * branches, x.shape[2], n),
         inputs.actions.reshape(-1),
         inputs.target.probs.reshape(b * branches, n),
         per_row(inputs.v_min),
         per_row(inputs.delta_z),
-        backend=backend,
+        dueling=dueling,
+        backend="interpret" if backend.endswith("interpret") else "pallas",
     )
     utilisation = jnp.mean(jnp.exp(jax.lax.stop_gradient(h))) / n
     shape = (b, branches, actions)

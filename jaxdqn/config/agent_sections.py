@@ -389,7 +389,10 @@ class KernelsConfig:
         "atom utilisation from the online logits: reference = jnp, a pass of its own over the "
         "[B, 4, 3, N] logits for each (and for their gradients); pallas = two Triton kernels "
         "(pallas_kernels/c51_loss.py) that read the logits once forward and once backward; "
-        "interpret = those kernels under the Pallas interpreter (CPU tests). Equal to float "
-        "rounding. auto = reference",
-        choices=("auto", "reference", "pallas", "interpret"),
+        "interpret = those kernels under the Pallas interpreter (CPU tests); dueling | "
+        "dueling_interpret = those kernels reading the heads' value and advantage outputs and "
+        "doing M6's dueling combination themselves (no logits written, no combination passes "
+        "forward or backward; needs the fused branches with kernels.heads blockdiag or split, "
+        "else as pallas). Equal to float rounding. auto = reference",
+        choices=("auto", "reference", "pallas", "interpret", "dueling", "dueling_interpret"),
     )

@@ -134,7 +134,8 @@ def fused_branches(
     gated_kernels: str,
     statistics: str | None = None,
     acting_product: str = "f32",
-) -> Array | BranchStatistics:
+    raw: bool = False,
+) -> Array | BranchStatistics | tuple[Array, Array | None]:
     """The four branches on ``h_m [B, SH2]`` with the supports ``v_min``, ``delta_z [B]``
     (steps in the module docstring); call it inside a compact flax module (the branches'
     parameters are created there, named as the per-branch modules).
@@ -150,9 +151,13 @@ def fused_branches(
         of a statistics pass read by the gate kernel (``gate``, ``gate_interpret``) with
         bfloat16 operands and result (:func:`jaxdqn.model.dense.bf16_linear`); every other
         pass, and ``"f32"``, as before.
+      raw: with ``statistics`` None, also the heads' outputs before M6's combination
+        (:func:`jaxdqn.model.heads.branch_heads`).
     Returns:
-      logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics.
+      logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics; with
+      ``raw``, ``(logits, heads [B, 4, 4, N] or None)``.
     """
+    raw = raw and statistics is None
     sh2 = h_m.shape[1]
     ah, n = cfg.ah, cfg.num_atoms
     order = fused_order(cfg.dir_conditioning)
@@ -209,7 +214,7 @@ def fused_branches(
         bias = [jnp.concatenate([prm[k]["head_value"][1], prm[k]["head_advantage"][1]])
                 for k in keys]  # fmt: skip
         if statistics is None:
-            return branch_heads(a, w, bias, head_kernels)
+            return branch_heads(a, w, bias, head_kernels, raw=raw)
         return head_statistics_pallas(
             a,
             jnp.stack(w),
@@ -238,7 +243,7 @@ def fused_branches(
     fused = [branch(out, i) for i in range(len(first))]  # FUSED_ORDER
     # M5: magnitude's pass, conditioned on the direction's E[Q]
     if statistics is None:
-        p_dir = jax.nn.softmax(fused[0], axis=-1)
+        p_dir = jax.nn.softmax(fused[0][0] if raw else fused[0], axis=-1)
         q_dir = distribution.expectation(p_dir, v_min[:, None], delta_z[:, None])
     else:
         q_dir = fused[0].mean

@@ -45,11 +45,15 @@ def dueling(v: Array, adv: Array) -> Array:
     return v[..., None, :] + adv - jnp.mean(adv, axis=-2, keepdims=True)
 
 
-def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Array:
+def branch_heads(
+    a: Array, w: list[Array], bias: list[Array], impl: str, raw: bool = False
+) -> Array | tuple[Array, Array | None]:
     """The dueling heads of m branches: ``a [B, m·AH]``, each branch's ``w[k] = [W_V | W_A]``
     ``[AH, 4N]`` and ``bias[k] [4N]`` → logits ``[B, m, 3, N]``, computed as ``impl`` says;
     float32 logits also from bfloat16 ``a`` (``kernels.learner_activations``: the products'
-    ``wide`` result)."""
+    ``wide`` result). With ``raw``: ``(logits, heads)``, ``heads [B, m, 4, N]`` the products'
+    ``[v | A_0 | A_1 | A_2]`` before the combination (``kernels.loss_head=dueling`` reads them
+    instead of the logits) where ``impl`` computes them (blockdiag, split), else None."""
     if impl not in HEADS:
         raise ValueError(f"kernels.heads: {impl!r} is not one of {HEADS}")
     b, m = a.shape[0], len(w)
@@ -57,17 +61,20 @@ def branch_heads(a: Array, w: list[Array], bias: list[Array], impl: str) -> Arra
     if impl in ("pallas", "interpret"):
         bf16 = default_precision() == jax.lax.DotAlgorithmPreset.BF16_BF16_F32
         a = a.astype(jnp.promote_types(a.dtype, jnp.float32))  # the kernel reads float32
-        return dueling_heads(
+        logits = dueling_heads(
             a, jnp.stack(w), jnp.stack(bias), actions=NUM_ACTIONS, backend=impl, bf16=bf16
         )
+        return (logits, None) if raw else logits
     if impl == "folded":
         wf, bf = fold_dueling(jnp.stack(w), jnp.stack(bias), NUM_ACTIONS, pad=False)
         w_all = wf[0] if m == 1 else jax.scipy.linalg.block_diag(*wf)
-        return affine(a, w_all, bf.reshape(-1), wide=True).reshape(b, m, NUM_ACTIONS, n)
+        logits = affine(a, w_all, bf.reshape(-1), wide=True).reshape(b, m, NUM_ACTIONS, n)
+        return (logits, None) if raw else logits
     if impl == "split":
         parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k], wide=True) for k in range(m)]
         out = jnp.stack(parts, axis=1)
     else:
         w_all = w[0] if m == 1 else jax.scipy.linalg.block_diag(*w)
         out = affine(a, w_all, jnp.concatenate(bias), wide=True).reshape(b, m, -1)
-    return dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))
+    logits = dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))
+    return (logits, out.reshape(b, m, 1 + NUM_ACTIONS, n)) if raw else logits

@@ -109,6 +109,9 @@ class NetworkOutput(NamedTuple):
     quantiles: Array  # [B, 4, 3, 3] Q10, Q50, Q90
     features: Array  # [B, SH2] the VSN-masked shared features h_m
     selectivity: Array  # [B] M12 prediction in (0, 1); ones when M12 is off
+    # [B, 4, 4, N] the heads' [v | A_0 | A_1 | A_2] before M6's combination, where the model
+    # was made with raw_heads and its heads compute them (kernels.loss_head=dueling); else None
+    heads: Array | None = None
 
 
 class ActingOutput(NamedTuple):
@@ -220,6 +223,7 @@ class Network(nn.Module):
     gated_kernels: str = "reference"  # kernels.gated resolved (GATED)
     statistics: str | None = None  # kernels.acting's kernel (pallas | interpret), or logits
     acting_product: str = "f32"  # kernels.acting_product (ACTING_PRODUCTS)
+    raw_heads: bool = False  # also the heads' outputs before M6 (fused path: (logits, heads))
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -238,6 +242,7 @@ class Network(nn.Module):
                 gated_kernels=self.gated_kernels,
                 statistics=self.statistics,
                 acting_product=self.acting_product,
+                raw=self.raw_heads,
             )
             return out, h, h_m
 
@@ -310,6 +315,7 @@ def make_model(
     acting_product: str = "f32",
     acting_activations: str = "f32",
     learner_activations: str = "f32",
+    raw_heads: bool = False,
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -332,7 +338,10 @@ def make_model(
     M12 and the statistics stay float32); ``learner_activations``: ``apply``'s network (the
     learner's online and target passes) in f32 or with bfloat16 operands and activations and
     float32 logits (``kernels.learner_activations``; differentiable, float32 parameter
-    gradients; M7's statistics, M12 and the features returned stay float32)."""
+    gradients; M7's statistics, M12 and the features returned stay float32); ``raw_heads``:
+    ``apply`` also returns the heads' outputs before M6's combination
+    (:attr:`NetworkOutput.heads`, for ``kernels.loss_head=dueling``) where the fused branches'
+    heads compute them."""
     products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
@@ -361,6 +370,7 @@ def make_model(
         acting = "reference"
     net = Network(cfg, obs_dim, kan_backend, fused, heads, gated, acting_product=acting_product)
     act_net = None if acting == "reference" else net.clone(statistics=acting)
+    net = net.clone(raw_heads=raw_heads)  # apply's pass only (acting reads statistics)
     sel = Selectivity()
     coord = make_coordination(cfg, shards)
     cell = make_xlstm(cfg)
@@ -400,6 +410,7 @@ def make_model(
     ) -> NetworkOutput:
         v_min, delta_z = _inputs(obs, v_min, delta_z)
         logits, h, h_m = net.apply({"params": params["main"]}, obs, v_min, delta_z)
+        logits, heads = logits if isinstance(logits, tuple) else (logits, None)
         # bfloat16 under learner_activations: what leaves the network is float32
         h, h_m = h.astype(obs.dtype), h_m.astype(obs.dtype)
         vm, dz = v_min[:, None, None], delta_z[:, None, None]
@@ -414,6 +425,7 @@ def make_model(
             quantiles=q_quant,
             features=h_m,
             selectivity=_selectivity(params, h, obs),
+            heads=heads,
         )
 
     def act(
