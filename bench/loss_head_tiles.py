@@ -1,0 +1,84 @@
+"""Tilings of the loss-head kernels (pallas_kernels/c51_loss.py) at the learner's size: the
+forward and the backward call alone, medians of 20 calls, for each (groups a program, warps),
+with the jnp reference's forward and VJP as the baseline (issue 33). Prints a table last.
+
+    python bench/loss_head_tiles.py            # on the GPU
+    python bench/loss_head_tiles.py --tiny     # a CPU check that it runs (interpreted)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head  # noqa: E402
+
+
+def median_us(fn, *args, repeats=20):
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    g, n = (64, 51) if args.tiny else (4096 * 4, 51)
+    interpret = args.tiny
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    acts = jax.random.randint(k[1], (g,), 0, 3)
+    m = jax.nn.softmax(jax.random.normal(k[2], (g, n)))
+    vm, dz = -jnp.ones((g,)), jnp.full((g,), 0.1)
+    gce, gh = jnp.ones((g,)), jnp.ones((g, 3))
+    rows = []
+    for dueling in (False, True):
+        x = jax.random.normal(k[0], (g, 4 if dueling else 3, n))
+
+        def ref_fwd_bwd(x):
+            f = lambda y: c51_loss_head(y, acts, m, vm, dz, dueling=dueling, backend="reference")
+            out, vjp = jax.vjp(f, x)
+            return vjp((gce, gh, jnp.zeros_like(gh)))
+
+        ref = median_us(jax.jit(ref_fwd_bwd), x)
+        rows.append((dueling, "jnp reference (fwd + vjp)", "-", ref, None))
+        for bg in (16, 32, 64, 128):
+            for warps in (1, 2, 4, 8):
+                fwd = jax.jit(lambda x, bg=bg, w=warps: _forward_call(
+                    x, acts, m, vm, dz, dueling, interpret, bg, w))  # fmt: skip
+                bwd = jax.jit(lambda x, bg=bg, w=warps: _backward_call(
+                    x, acts, m, gce, gh, dueling, interpret, bg, w))  # fmt: skip
+                try:
+                    rows.append((dueling, f"groups {bg}", warps, median_us(fwd, x),
+                                 median_us(bwd, x)))  # fmt: skip
+                except Exception as err:  # a tiling Triton cannot build: say so, go on
+                    print(f"dueling={dueling} bg={bg} warps={warps}: {type(err).__name__}")
+            if args.tiny:
+                break
+    for dueling in (False, True):
+        tiled = [r for r in rows if r[0] == dueling and r[4] is not None]
+        if tiled:
+            best = min(tiled, key=lambda r: r[3] + r[4])
+            print(f"best dueling={dueling}: {best[1].split()[1]} {best[2]} "
+                  f"({best[3] + best[4]:.1f} µs fwd + bwd)")  # fmt: skip
+    print(f"\njax {jax.__version__} on {jax.devices()[0].device_kind}; G = {g} groups x {n} atoms")
+    print(f"{'heads':<8} {'tiling':<28} {'warps':>5} {'fwd µs':>8} {'bwd µs':>8}")
+    for dueling, name, warps, f, b in rows:
+        bs = "" if b is None else f"{b:8.1f}"
+        print(f"{str(dueling):<8} {name:<28} {warps!s:>5} {f:8.1f} {bs}")
+
+
+if __name__ == "__main__":
+    main()
