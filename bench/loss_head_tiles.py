@@ -35,6 +35,8 @@ def median_us(fn, *args, repeats=20):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--groups", default="16,32,64,128", help="groups a program to try")
+    ap.add_argument("--warps", default="1,2,4,8", help="warps a program to try")
     args = ap.parse_args()
     g, n = (64, 51) if args.tiny else (4096 * 4, 51)
     interpret = args.tiny
@@ -54,8 +56,8 @@ def main():
 
         ref = median_us(jax.jit(ref_fwd_bwd), x)
         rows.append((dueling, "jnp reference (fwd + vjp)", "-", ref, None))
-        for bg in (16, 32, 64, 128):
-            for warps in (1, 2, 4, 8):
+        for bg in [int(v) for v in args.groups.split(",")]:
+            for warps in [int(v) for v in args.warps.split(",")]:
                 fwd = jax.jit(lambda x, bg=bg, w=warps: _forward_call(
                     x, acts, m, vm, dz, dueling, interpret, bg, w))  # fmt: skip
                 bwd = jax.jit(lambda x, bg=bg, w=warps: _backward_call(
