@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head  # noqa: E402
+from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head
 
 
 def median_us(fn, *args, repeats=20):
@@ -49,19 +49,19 @@ def main():
     for dueling in (False, True):
         x = jax.random.normal(k[0], (g, 4 if dueling else 3, n))
 
-        def ref_fwd_bwd(x):
-            f = lambda y: c51_loss_head(y, acts, m, vm, dz, dueling=dueling, backend="reference")
-            out, vjp = jax.vjp(f, x)
+        def ref_fwd_bwd(x, du=dueling):
+            f = lambda y: c51_loss_head(y, acts, m, vm, dz, dueling=du, backend="reference")
+            _, vjp = jax.vjp(f, x)
             return vjp((gce, gh, jnp.zeros_like(gh)))
 
         ref = median_us(jax.jit(ref_fwd_bwd), x)
         rows.append((dueling, "jnp reference (fwd + vjp)", "-", ref, None))
         for bg in [int(v) for v in args.groups.split(",")]:
             for warps in [int(v) for v in args.warps.split(",")]:
-                fwd = jax.jit(lambda x, bg=bg, w=warps: _forward_call(
-                    x, acts, m, vm, dz, dueling, interpret, bg, w))  # fmt: skip
-                bwd = jax.jit(lambda x, bg=bg, w=warps: _backward_call(
-                    x, acts, m, gce, gh, dueling, interpret, bg, w))  # fmt: skip
+                fwd = jax.jit(lambda x, bg=bg, w=warps, du=dueling: _forward_call(
+                    x, acts, m, vm, dz, du, interpret, bg, w))  # fmt: skip
+                bwd = jax.jit(lambda x, bg=bg, w=warps, du=dueling: _backward_call(
+                    x, acts, m, gce, gh, du, interpret, bg, w))  # fmt: skip
                 try:
                     rows.append((dueling, f"groups {bg}", warps, median_us(fwd, x),
                                  median_us(bwd, x)))  # fmt: skip
@@ -79,7 +79,7 @@ def main():
     print(f"{'heads':<8} {'tiling':<28} {'warps':>5} {'fwd µs':>8} {'bwd µs':>8}")
     for dueling, name, warps, f, b in rows:
         bs = "" if b is None else f"{b:8.1f}"
-        print(f"{str(dueling):<8} {name:<28} {warps!s:>5} {f:8.1f} {bs}")
+        print(f"{dueling!s:<8} {name:<28} {warps!s:>5} {f:8.1f} {bs}")
 
 
 if __name__ == "__main__":
