@@ -46,8 +46,8 @@ def main():
     vm, dz = -jnp.ones((g,)), jnp.full((g,), 0.1)
     gce, gh = jnp.ones((g,)), jnp.ones((g, 3))
     rows = []
-    for dueling in (False, True):
-        x = jax.random.normal(k[0], (g, 4 if dueling else 3, n))
+    for dueling, width in ((False, n), (True, n), (True, max(16, 1 << (n - 1).bit_length()))):
+        x = jax.random.normal(k[0], (g, 4 if dueling else 3, width))
 
         def ref_fwd_bwd(x, du=dueling):
             f = lambda y: c51_loss_head(y, acts, m, vm, dz, dueling=du, backend="reference")
@@ -55,7 +55,8 @@ def main():
             return vjp((gce, gh, jnp.zeros_like(gh)))
 
         ref = median_us(jax.jit(ref_fwd_bwd), x)
-        rows.append((dueling, "jnp reference (fwd + vjp)", "-", ref, None))
+        mode = "padded" if width > n else "dueling" if dueling else "logits"
+        rows.append((mode, "jnp reference (fwd + vjp)", "-", ref, None))
         for bg in [int(v) for v in args.groups.split(",")]:
             for warps in [int(v) for v in args.warps.split(",")]:
                 fwd = jax.jit(lambda x, bg=bg, w=warps, du=dueling: _forward_call(
@@ -63,23 +64,23 @@ def main():
                 bwd = jax.jit(lambda x, bg=bg, w=warps, du=dueling: _backward_call(
                     x, acts, m, gce, gh, du, interpret, bg, w))  # fmt: skip
                 try:
-                    rows.append((dueling, f"groups {bg}", warps, median_us(fwd, x),
+                    rows.append((mode, f"groups {bg}", warps, median_us(fwd, x),
                                  median_us(bwd, x)))  # fmt: skip
                 except Exception as err:  # a tiling Triton cannot build: say so, go on
-                    print(f"dueling={dueling} bg={bg} warps={warps}: {type(err).__name__}")
+                    print(f"{mode} bg={bg} warps={warps}: {type(err).__name__}")
             if args.tiny:
                 break
-    for dueling in (False, True):
-        tiled = [r for r in rows if r[0] == dueling and r[4] is not None]
+    for mode in ("logits", "dueling", "padded"):
+        tiled = [r for r in rows if r[0] == mode and r[4] is not None]
         if tiled:
             best = min(tiled, key=lambda r: r[3] + r[4])
-            print(f"best dueling={dueling}: {best[1].split()[1]} {best[2]} "
+            print(f"best {mode}: {best[1].split()[1]} {best[2]} "
                   f"({best[3] + best[4]:.1f} µs fwd + bwd)")  # fmt: skip
     print(f"\njax {jax.__version__} on {jax.devices()[0].device_kind}; G = {g} groups x {n} atoms")
-    print(f"{'heads':<8} {'tiling':<28} {'warps':>5} {'fwd µs':>8} {'bwd µs':>8}")
-    for dueling, name, warps, f, b in rows:
+    print(f"{'input':<8} {'tiling':<28} {'warps':>5} {'fwd µs':>8} {'bwd µs':>8}")
+    for mode, name, warps, f, b in rows:
         bs = "" if b is None else f"{b:8.1f}"
-        print(f"{dueling!s:<8} {name:<28} {warps!s:>5} {f:8.1f} {bs}")
+        print(f"{mode:<8} {name:<28} {warps!s:>5} {f:8.1f} {bs}")
 
 
 if __name__ == "__main__":

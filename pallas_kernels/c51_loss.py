@@ -74,15 +74,24 @@ def c51_loss_head_reference(logits, actions, target, v_min, delta_z):
     return ce, h, q
 
 
-def _logit_tiles(x_ref, rows, row_ok, n, a, dueling):
-    """The ``a`` actions' logits tiles ``[bg, NP]`` of ``bg`` groups (float32, −inf off the
-    lanes) and ``lane_ok [1, NP]``: read from ``[G, A·N]`` logits, or with ``dueling`` from
-    ``[G, (1+A)·N]`` heads ``[v | A_0 | …]`` as ``v + A_j − mean_i A_i`` (M6's combination)."""
+def _segment_mask(row_ok, n, w):
+    """``(lanes [NP], lane_ok [1, NP], mask [bg, NP])`` of rows whose segments are ``w`` wide
+    (``w = N``: packed, the lanes past N masked; ``w = NP``: padded, every lane in bounds and
+    read or written whole — aligned, unmasked along the lanes)."""
     lanes = jnp.arange(_pad(n), dtype=jnp.int32)
     lane_ok = (lanes < n)[None, :]
-    mask = row_ok[:, None] & lane_ok
+    mask = row_ok[:, None] & (lane_ok if w != _pad(n) else (lanes >= 0)[None, :])
+    return lanes, lane_ok, mask
+
+
+def _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling):
+    """The ``a`` actions' logits tiles ``[bg, NP]`` of ``bg`` groups (float32, −inf off the
+    lanes) and ``lane_ok [1, NP]``: read from ``[G, A·w]`` logits, or with ``dueling`` from
+    ``[G, (1+A)·w]`` heads ``[v | A_0 | …]`` as ``v + A_j − mean_i A_i`` (M6's combination);
+    each segment ``w`` wide, its first N lanes the atoms."""
+    lanes, lane_ok, mask = _segment_mask(row_ok, n, w)
     load = lambda k: pl_triton.load(
-        x_ref.at[rows[:, None], k * n + lanes[None, :]], mask=mask, other=0.0
+        x_ref.at[rows[:, None], k * w + lanes[None, :]], mask=mask, other=0.0
     ).astype(jnp.float32)
     if dueling:
         v = load(0)
@@ -109,7 +118,7 @@ def _targets(m_ref, rows, row_ok, n):
 
 
 def _forward_kernel(
-    x_ref, m_ref, act_ref, vmin_ref, dz_ref, ce_ref, h_ref, q_ref, *, bg, n, a, dueling
+    x_ref, m_ref, act_ref, vmin_ref, dz_ref, ce_ref, h_ref, q_ref, *, bg, n, w, a, dueling
 ):
     rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
     row_ok = rows < x_ref.shape[0]
@@ -118,7 +127,7 @@ def _forward_kernel(
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
     idx = jnp.arange(_pad(n), dtype=jnp.int32).astype(jnp.float32)[None, :]
-    xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, a, dueling)
+    xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     ce = jnp.zeros((bg,), jnp.float32)
     for j, x in enumerate(xs):
         p, log_p = _log_softmax(x, lane_ok)
@@ -128,7 +137,7 @@ def _forward_kernel(
     pl_triton.store(ce_ref.at[rows], ce, mask=row_ok)
 
 
-def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a, dueling):
+def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, w, a, dueling):
     rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
     row_ok = rows < x_ref.shape[0]
     lanes = jnp.arange(_pad(n), dtype=jnp.int32)
@@ -136,9 +145,9 @@ def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a
     mass = jnp.sum(m, axis=1, keepdims=True)
     taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
     g_ce = pl_triton.load(gce_ref.at[rows], mask=row_ok, other=0.0)[:, None]
-    xs, lane_ok, mask = _logit_tiles(x_ref, rows, row_ok, n, a, dueling)
+    xs, lane_ok, mask = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     store = lambda k, d: pl_triton.store(
-        dx_ref.at[rows[:, None], k * n + lanes[None, :]], d, mask=mask
+        dx_ref.at[rows[:, None], k * w + lanes[None, :]], d, mask=mask
     )
     dxs = []
     for j, x in enumerate(xs):
@@ -158,29 +167,31 @@ def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, a
 
 
 def _check(x, actions, target, v_min, delta_z, dueling):
-    g, k, n = x.shape
-    what = "heads [G, 1+A, N]" if dueling else "logits [G, A, N]"
+    g, k, w = x.shape
+    n = target.shape[-1]
+    what = "heads [G, 1+A, W]" if dueling else "logits [G, A, W]"
     if (
         actions.shape != (g,)
         or target.shape != (g, n)
+        or w not in (n, _pad(n))
         or v_min.shape != (g,)
         or delta_z.shape != (g,)
         or k < (2 if dueling else 1)
     ):
         raise ValueError(
-            f"c51_loss_head: {what}, actions [G], target [G, N], v_min [G], delta_z [G] "
-            f"disagree: {x.shape}, {actions.shape}, {target.shape}, {v_min.shape}, "
-            f"{delta_z.shape}"
+            f"c51_loss_head: {what} (W = N or {_pad(n)}), actions [G], target [G, N], "
+            f"v_min [G], delta_z [G] disagree: {x.shape}, {actions.shape}, {target.shape}, "
+            f"{v_min.shape}, {delta_z.shape}"
         )
     return g, k - 1 if dueling else k, n
 
 
 def _forward_call(x, actions, target, v_min, delta_z, dueling, interpret, bg, warps):
-    g, k, n = x.shape
-    a = k - 1 if dueling else k
+    g, k, w = x.shape
+    a, n = k - 1 if dueling else k, target.shape[-1]
     f32 = jnp.float32
     return pl.pallas_call(
-        functools.partial(_forward_kernel, bg=bg, n=n, a=a, dueling=dueling),
+        functools.partial(_forward_kernel, bg=bg, n=n, w=w, a=a, dueling=dueling),
         out_shape=(
             jax.ShapeDtypeStruct((g,), f32),
             jax.ShapeDtypeStruct((g, a), f32),
@@ -190,21 +201,21 @@ def _forward_call(x, actions, target, v_min, delta_z, dueling, interpret, bg, wa
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="c51_loss_head",
-    )(x.reshape(g, k * n), target, actions, v_min, delta_z)
+    )(x.reshape(g, k * w), target, actions, v_min, delta_z)
 
 
 def _backward_call(x, actions, target, g_ce, g_h, dueling, interpret, bg, warps):
-    g, k, n = x.shape
-    a = k - 1 if dueling else k
+    g, k, w = x.shape
+    a, n = k - 1 if dueling else k, target.shape[-1]
     dx = pl.pallas_call(
-        functools.partial(_backward_kernel, bg=bg, n=n, a=a, dueling=dueling),
-        out_shape=jax.ShapeDtypeStruct((g, k * n), jnp.float32),
+        functools.partial(_backward_kernel, bg=bg, n=n, w=w, a=a, dueling=dueling),
+        out_shape=jax.ShapeDtypeStruct((g, k * w), jnp.float32),
         grid=(pl.cdiv(g, bg),),
         compiler_params=_backend.compiler_params(warps),
         interpret=interpret,
         name="c51_loss_head_grad",
-    )(x.reshape(g, k * n), target, actions, g_ce, g_h)
-    return dx.reshape(g, k, n).astype(x.dtype)
+    )(x.reshape(g, k * w), target, actions, g_ce, g_h)
+    return dx.reshape(g, k, w).astype(x.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
@@ -262,7 +273,9 @@ def c51_loss_head(
     ``delta_z [G]``. ``backend``: ``pallas`` (the Triton kernels; the jnp reference where they
     cannot be built here), ``interpret`` (the kernels under the Pallas interpreter: CPU tests)
     or ``reference`` (jnp). Gradients flow to ``x`` through ``ce`` and ``H``; ``target`` and
-    ``Q`` carry none."""
+    ``Q`` carry none. ``x``'s last axis may be padded: ``W = NP`` (N rounded up to a power of
+    two ≥ 16) with the atoms in the first N lanes, so each segment is a whole, aligned tile
+    (the lanes past N are ignored forward and get a zero cotangent)."""
     _, a, n = _check(x, actions, target, v_min, delta_z, dueling)
     if backend not in ("pallas", "interpret", "reference"):
         raise ValueError(f"c51_loss_head: backend must be pallas, interpret or reference, "
@@ -277,21 +290,25 @@ def c51_loss_head(
         delta_z.astype(f32),
     )
     actions = actions.astype(jnp.int32)
-    if backend == "reference" or (backend == "pallas" and not loss_head_available(a, n, dueling)):
+    if backend == "reference" or (
+        backend == "pallas" and not loss_head_available(a, n, dueling, x.shape[-1])
+    ):
+        x = x[..., :n]  # padded segments: the atoms are the first N lanes
         logits = dueling_reference(x) if dueling else x
         return c51_loss_head_reference(logits, actions, target, v_min, delta_z)
     args = (dueling, backend == "interpret", groups, num_warps)
     return _loss_head(x, actions, target, v_min, delta_z, *args)
 
 
-def loss_head_available(a: int, n: int, dueling: bool = False) -> bool:
+def loss_head_available(a: int, n: int, dueling: bool = False, width: int | None = None) -> bool:
     """Whether both kernels build and run here for ``a`` actions of ``n`` atoms (read from the
-    heads' outputs with ``dueling``; once per process; one warning and False where they do
-    not, so the caller uses the reference)."""
+    heads' outputs with ``dueling``; segments ``width`` wide, default ``n``; once per process;
+    one warning and False where they do not, so the caller uses the reference)."""
+    w = width or n
 
     def build():
         g, k = 2 * DEFAULT_LOSS_GROUPS + 3, a + 1 if dueling else a  # ragged
-        x = np.linspace(-3.0, 3.0, g * k * n, dtype=np.float32).reshape(g, k, n)
+        x = np.linspace(-3.0, 3.0, g * k * w, dtype=np.float32).reshape(g, k, w)
         acts = np.arange(g, dtype=np.int32) % a
         m = np.full((g, n), 1.0 / n, np.float32)
         ones = np.ones((g,), np.float32)
@@ -303,4 +320,4 @@ def loss_head_available(a: int, n: int, dueling: bool = False) -> bool:
 
         jax.block_until_ready(jax.jit(jax.grad(loss))(x))
 
-    return _backend.kernel_available(("c51_loss_head", a, n, dueling), build)
+    return _backend.kernel_available(("c51_loss_head", a, n, dueling, w), build)

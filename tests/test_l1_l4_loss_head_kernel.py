@@ -141,6 +141,27 @@ def test_m6_l1_dueling_loss_head_kernel_equals_the_reference_on_the_heads_output
     np.testing.assert_allclose(jnp.sum(grad[:, 1:], axis=1), 0.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dueling", [False, True], ids=["logits", "dueling"])
+def test_l1_loss_head_kernel_reads_padded_segments_and_ignores_the_padding(dueling):
+    """Segments padded from 51 to 64 lanes (``dueling_padded``'s heads) with garbage past the
+    atoms: the same values and cotangents as the packed segments, a zero cotangent on the
+    padding."""
+    _, actions, target, v_min, dz = _inputs(37, 51, seed=8)
+    x = 2.0 * jax.random.normal(jax.random.PRNGKey(4), (37, 4 if dueling else 3, 51))
+    padded = jnp.pad(x, ((0, 0), (0, 0), (0, 13)), constant_values=1e3)
+    run = lambda y: c51_loss_head(
+        y, actions, target, v_min, dz, dueling=dueling, backend=BACKEND, groups=16
+    )
+    for a, b in zip(run(padded), run(x), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    loss = lambda y: jnp.sum(run(y)[0]) + jnp.sum(run(y)[1])
+    g_pad, g = jax.grad(loss)(padded), jax.grad(loss)(x)
+    np.testing.assert_allclose(g_pad[..., :51], g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(g_pad[..., 51:], 0.0)
+    with pytest.raises(ValueError, match="disagree"):
+        run(padded[..., :60])
+
+
 def test_l1_loss_head_kernel_takes_no_gradient_to_the_target_and_refuses_bad_shapes():
     logits, actions, target, v_min, dz = _inputs(16, 11, seed=1)
     gt = jax.grad(
@@ -201,36 +222,40 @@ def test_l1_make_loss_with_the_loss_head_kernel_equals_the_reference(spread):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("m5", [True, False], ids=["m5_on", "m5_off"])
-def test_m6_l1_make_loss_with_the_dueling_loss_head_equals_the_reference(m5):
+@pytest.mark.parametrize(
+    ("m5", "width"), [(True, 0), (False, 0), (True, 16)], ids=["m5_on", "m5_off", "m5_on_padded"]
+)
+def test_m6_l1_make_loss_with_the_dueling_loss_head_equals_the_reference(m5, width):
     """The fused branches' model made with ``raw_heads`` gives the heads' ``[v | A]`` (the
     per-branch modules' parameters: the same model), and the whole loss with
     ``kernels.loss_head=dueling`` interpreted — the logits never formed for L1, L4 and E[Q] —
     equals the reference loss of the logits in value, parts and every parameter's gradient, with
-    M5's conditioned magnitude branch (heads stacked from two calls) and without it."""
+    M5's conditioned magnitude branch (heads stacked from two calls) and without it; and with
+    each of ``[v | A]`` padded to 16 columns (``dueling_padded`` at these 11 atoms: zero
+    weights there, no gradient reaches them)."""
     import dataclasses
 
     cfg = dataclasses.replace(_MODEL_CFG, dir_conditioning=m5)
-    raw = make_model(cfg, _OBS_DIM, kan_backend="reference", fused=True, raw_heads=True)
+    n = _MODEL_CFG.num_atoms
+    raw = make_model(cfg, _OBS_DIM, kan_backend="reference", fused=True, raw_heads=width or n)
     plain = make_model(cfg, _OBS_DIM, kan_backend="reference", fused=True)
     lc = LossConfig(spread=True)
     params, inputs = _loss_inputs(plain)
     out = raw.apply(params, inputs.obs, inputs.v_min, inputs.delta_z)
-    assert out.heads is not None and out.heads.shape == (
-        *out.logits.shape[:2],
-        4,
-        _MODEL_CFG.num_atoms,
-    )
-    v, adv = out.heads[:, :, :1], out.heads[:, :, 1:]
+    assert out.heads is not None and out.heads.shape == (*out.logits.shape[:2], 4, width or n)
+    if width:  # zero weights and biases past the atoms
+        np.testing.assert_array_equal(out.heads[..., n:], 0.0)
+    v, adv = out.heads[:, :, :1, :n], out.heads[:, :, 1:, :n]
     np.testing.assert_allclose(v + adv - adv.mean(2, keepdims=True), out.logits, atol=1e-5)
     assert plain.apply(params, inputs.obs, inputs.v_min, inputs.delta_z).heads is None
     results = {}
-    for model, head in ((plain, "reference"), (raw, "dueling_interpret")):
+    mode = "dueling_padded_interpret" if width else "dueling_interpret"
+    for model, head in ((plain, "reference"), (raw, mode)):
         loss = L.make_loss(lc, cfg, model, max_gap=lc.spread_max_gap * _UNIT, head=head)
         fn = jax.value_and_grad(loss.loss, has_aux=True)
         results[head] = jax.jit(fn)(params, inputs, loss.coefficients)
     (t_ref, p_ref), g_ref = results["reference"]
-    (t_got, p_got), g_got = results["dueling_interpret"]
+    (t_got, p_got), g_got = results[mode]
     np.testing.assert_allclose(t_got, t_ref, rtol=1e-5)
     for name in ("c51", "spread", "entropy", "per_sample", "q_mean", "utilisation"):
         np.testing.assert_allclose(

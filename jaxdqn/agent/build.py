@@ -189,7 +189,7 @@ def make_agent_model(r: Resolved, obs_dim: int, shards: Shards = ONE_DEVICE) -> 
         acting_product=r.acting_product,
         acting_activations=r.acting_activations,
         learner_activations=r.learner_activations,
-        raw_heads=r.loss_head in losses.DUELING_HEADS,
+        raw_heads=losses.raw_head_width(r.loss_head, cfg.model.num_atoms),
     )
 
 

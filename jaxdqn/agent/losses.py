@@ -305,10 +305,19 @@ def auxiliary_terms(
     return (denoise, coord, select, xl), new_xlstm, context
 
 
-LOSS_HEADS = ("reference", "pallas", "interpret", "dueling", "dueling_interpret")
-"""The resolved ``kernels.loss_head`` settings."""
-DUELING_HEADS = ("dueling", "dueling_interpret")
+DUELING_HEADS = ("dueling", "dueling_interpret", "dueling_padded", "dueling_padded_interpret")
 """The settings whose kernels read the heads' outputs before M6 (:attr:`NetworkOutput.heads`)."""
+LOSS_HEADS = ("reference", "pallas", "interpret", *DUELING_HEADS)
+"""The resolved ``kernels.loss_head`` settings."""
+
+
+def raw_head_width(backend: str, num_atoms: int) -> int:
+    """The width W of each of the heads' ``[v | A_0 | …]`` a model made for ``backend``
+    (``kernels.loss_head`` resolved) returns: 0 (no heads) for the reference and the logits
+    kernels, N for ``dueling``, N rounded up to a power of two ≥ 16 for ``dueling_padded``."""
+    if backend not in DUELING_HEADS:
+        return 0
+    return max(16, 1 << (num_atoms - 1).bit_length()) if "padded" in backend else num_atoms
 
 
 def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
@@ -326,8 +335,10 @@ def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
     ``dueling`` | ``dueling_interpret``: those kernels reading the heads' ``[v | A_0 | A_1 |
     A_2]`` (``out.heads``, a model made with ``raw_heads``) and doing M6's combination
     themselves, so the combination's passes forward and backward go too (where the model gives
-    no heads, as the logits kernels). The same math, equal to float rounding (the reference's
-    utilisation clips p at 1e-12)."""
+    no heads, as the logits kernels); ``dueling_padded`` | ``dueling_padded_interpret``: the
+    same on heads each padded to 64 columns (:func:`raw_head_width`: whole, aligned rows for
+    the kernels' loads and stores; the heads' product that much wider). The same math, equal
+    to float rounding (the reference's utilisation clips p at 1e-12)."""
     if backend not in LOSS_HEADS:
         raise ValueError(f"kernels.loss_head: {backend!r} is not one of {LOSS_HEADS}")
     if backend == "reference":
@@ -339,7 +350,7 @@ def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
     dueling = backend in DUELING_HEADS and out.heads is not None
     x = out.heads if dueling else out.logits
     ce, h, q = c51_loss_head(
-        x.reshape(b * branches, x.shape[2], n),
+        x.reshape(b * branches, x.shape[2], x.shape[3]),
         inputs.actions.reshape(-1),
         inputs.target.probs.reshape(b * branches, n),
         per_row(inputs.v_min),

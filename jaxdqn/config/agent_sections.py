@@ -393,8 +393,19 @@ class KernelsConfig:
         "dueling_interpret = those kernels reading the heads' value and advantage outputs and "
         "doing M6's dueling combination themselves (no logits written, no combination passes "
         "forward or backward; needs the fused branches with kernels.heads blockdiag or split, "
-        "else as pallas). Equal to float rounding. H100, all off: dueling 625 vs 650 us an "
-        "update, pallas 730; all on 1,207 and 1,255 vs 1,203 (bench/RESULTS.md). auto = "
-        "reference",
-        choices=("auto", "reference", "pallas", "interpret", "dueling", "dueling_interpret"),
+        "else as pallas); dueling_padded | dueling_padded_interpret = dueling on heads each "
+        "padded to 64 columns by zero weights (whole, aligned rows for the kernels; the heads' "
+        "product 25 % wider at 51 atoms). Equal to float rounding. H100, all off: dueling 625 "
+        "vs 650 us an update, pallas 730; all on 1,207 and 1,255 vs 1,203 (bench/RESULTS.md; "
+        "dueling_padded not yet measured). auto = reference",
+        choices=(
+            "auto",
+            "reference",
+            "pallas",
+            "interpret",
+            "dueling",
+            "dueling_interpret",
+            "dueling_padded",
+            "dueling_padded_interpret",
+        ),
     )

@@ -134,7 +134,7 @@ def fused_branches(
     gated_kernels: str,
     statistics: str | None = None,
     acting_product: str = "f32",
-    raw: bool = False,
+    raw: int = 0,
 ) -> Array | BranchStatistics | tuple[Array, Array | None]:
     """The four branches on ``h_m [B, SH2]`` with the supports ``v_min``, ``delta_z [B]``
     (steps in the module docstring); call it inside a compact flax module (the branches'
@@ -151,13 +151,13 @@ def fused_branches(
         of a statistics pass read by the gate kernel (``gate``, ``gate_interpret``) with
         bfloat16 operands and result (:func:`jaxdqn.model.dense.bf16_linear`); every other
         pass, and ``"f32"``, as before.
-      raw: with ``statistics`` None, also the heads' outputs before M6's combination
-        (:func:`jaxdqn.model.heads.branch_heads`).
+      raw: with ``statistics`` None and ``raw`` = W > 0, also the heads' outputs before M6's
+        combination, each of ``[v | A_0 | …]`` W ≥ N wide (:func:`jaxdqn.model.heads.branch_heads`).
     Returns:
       logits ``[B, 4, 3, N]`` in the order of :data:`BRANCH_KEYS`, or their statistics; with
-      ``raw``, ``(logits, heads [B, 4, 4, N] or None)``.
+      ``raw``, ``(logits, heads [B, 4, 4, W] or None)``.
     """
-    raw = raw and statistics is None
+    raw = raw if statistics is None else 0
     sh2 = h_m.shape[1]
     ah, n = cfg.ah, cfg.num_atoms
     order = fused_order(cfg.dir_conditioning)

@@ -46,14 +46,16 @@ def dueling(v: Array, adv: Array) -> Array:
 
 
 def branch_heads(
-    a: Array, w: list[Array], bias: list[Array], impl: str, raw: bool = False
+    a: Array, w: list[Array], bias: list[Array], impl: str, raw: int = 0
 ) -> Array | tuple[Array, Array | None]:
     """The dueling heads of m branches: ``a [B, m·AH]``, each branch's ``w[k] = [W_V | W_A]``
     ``[AH, 4N]`` and ``bias[k] [4N]`` → logits ``[B, m, 3, N]``, computed as ``impl`` says;
     float32 logits also from bfloat16 ``a`` (``kernels.learner_activations``: the products'
-    ``wide`` result). With ``raw``: ``(logits, heads)``, ``heads [B, m, 4, N]`` the products'
-    ``[v | A_0 | A_1 | A_2]`` before the combination (``kernels.loss_head=dueling`` reads them
-    instead of the logits) where ``impl`` computes them (blockdiag, split), else None."""
+    ``wide`` result). With ``raw`` = W ≥ N: ``(logits, heads)``, ``heads [B, m, 4, W]`` the
+    products' ``[v | A_0 | A_1 | A_2]`` before the combination (``kernels.loss_head=dueling``
+    reads them instead of the logits) where ``impl`` computes them (blockdiag, split), else
+    None; with W > N each of the four is padded to W columns by zero weights and biases (the
+    product that wider; aligned rows for the kernels), its first N the atoms."""
     if impl not in HEADS:
         raise ValueError(f"kernels.heads: {impl!r} is not one of {HEADS}")
     b, m = a.shape[0], len(w)
@@ -70,11 +72,20 @@ def branch_heads(
         w_all = wf[0] if m == 1 else jax.scipy.linalg.block_diag(*wf)
         logits = affine(a, w_all, bf.reshape(-1), wide=True).reshape(b, m, NUM_ACTIONS, n)
         return (logits, None) if raw else logits
+    if raw > n:  # each of [v | A_0 | …] padded to `raw` columns (zero weights and bias)
+        widen = lambda x: jnp.pad(
+            x.reshape(*x.shape[:-1], 1 + NUM_ACTIONS, n),
+            [(0, 0)] * (x.ndim - 1) + [(0, 0), (0, raw - n)],
+        ).reshape(*x.shape[:-1], (1 + NUM_ACTIONS) * raw)
+        w, bias = [widen(x) for x in w], [widen(x) for x in bias]
+    width = max(raw, n)
     if impl == "split":
         parts = [affine(a[:, k * ah : (k + 1) * ah], w[k], bias[k], wide=True) for k in range(m)]
         out = jnp.stack(parts, axis=1)
     else:
         w_all = w[0] if m == 1 else jax.scipy.linalg.block_diag(*w)
         out = affine(a, w_all, jnp.concatenate(bias), wide=True).reshape(b, m, -1)
-    logits = dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))
-    return (logits, out.reshape(b, m, 1 + NUM_ACTIONS, n)) if raw else logits
+    if not raw:
+        return dueling(out[..., :n], out[..., n:].reshape(b, m, NUM_ACTIONS, n))
+    out = out.reshape(b, m, 1 + NUM_ACTIONS, width)
+    return dueling(out[:, :, 0, :n], out[:, :, 1:, :n]), out

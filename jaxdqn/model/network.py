@@ -109,8 +109,9 @@ class NetworkOutput(NamedTuple):
     quantiles: Array  # [B, 4, 3, 3] Q10, Q50, Q90
     features: Array  # [B, SH2] the VSN-masked shared features h_m
     selectivity: Array  # [B] M12 prediction in (0, 1); ones when M12 is off
-    # [B, 4, 4, N] the heads' [v | A_0 | A_1 | A_2] before M6's combination, where the model
-    # was made with raw_heads and its heads compute them (kernels.loss_head=dueling); else None
+    # [B, 4, 4, W] the heads' [v | A_0 | A_1 | A_2] before M6's combination (W >= N: the atoms
+    # in the first N columns of each), where the model was made with raw_heads = W and its
+    # heads compute them (kernels.loss_head=dueling, dueling_padded); else None
     heads: Array | None = None
 
 
@@ -223,7 +224,7 @@ class Network(nn.Module):
     gated_kernels: str = "reference"  # kernels.gated resolved (GATED)
     statistics: str | None = None  # kernels.acting's kernel (pallas | interpret), or logits
     acting_product: str = "f32"  # kernels.acting_product (ACTING_PRODUCTS)
-    raw_heads: bool = False  # also the heads' outputs before M6 (fused path: (logits, heads))
+    raw_heads: int = 0  # W > 0: also the heads' outputs before M6, W wide (fused path)
 
     @nn.compact
     def __call__(self, obs: Array, v_min: Array, delta_z: Array) -> tuple[Array, Array, Array]:
@@ -315,7 +316,7 @@ def make_model(
     acting_product: str = "f32",
     acting_activations: str = "f32",
     learner_activations: str = "f32",
-    raw_heads: bool = False,
+    raw_heads: int = 0,
 ) -> Model:
     """Factory of the model's pure functions for ``cfg`` and observations of width ``obs_dim``;
     ``kan_backend`` picks the M4 gate's implementation (``kernels.kan``), ``fused`` computes
@@ -338,10 +339,11 @@ def make_model(
     M12 and the statistics stay float32); ``learner_activations``: ``apply``'s network (the
     learner's online and target passes) in f32 or with bfloat16 operands and activations and
     float32 logits (``kernels.learner_activations``; differentiable, float32 parameter
-    gradients; M7's statistics, M12 and the features returned stay float32); ``raw_heads``:
-    ``apply`` also returns the heads' outputs before M6's combination
-    (:attr:`NetworkOutput.heads`, for ``kernels.loss_head=dueling``) where the fused branches'
-    heads compute them."""
+    gradients; M7's statistics, M12 and the features returned stay float32); ``raw_heads`` =
+    W > 0: ``apply`` also returns the heads' outputs before M6's combination, each of
+    ``[v | A_0 | …]`` W ≥ N columns wide (:attr:`NetworkOutput.heads`, for
+    ``kernels.loss_head=dueling`` with W = N, ``dueling_padded`` with W = N rounded up to a
+    power of two) where the fused branches' heads compute them."""
     products(matmul, bias_grad)  # an unknown value fails here, not at the first trace
     if heads not in HEADS:
         raise ValueError(f"kernels.heads: {heads!r} is not one of {HEADS}")
