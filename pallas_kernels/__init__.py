@@ -12,6 +12,9 @@ M6 + M7 `head_statistics.head_statistics_pallas`: acting's heads with M7 in the 
 E[Z], Var[Z] and the quantiles and no logits, forward only (jaxdqn's `kernels.acting=pallas`).
 M7 `c51_statistics_pallas`: softmax, E[Z], Var[Z] and quantiles of C51 logits in one pass,
 forward only (jaxdqn's `kernels.statistics=pallas` differentiates through its jnp reference).
+L1 + L4 + M7's E[Q] `c51_loss.c51_loss_head`: the learner's cross-entropies, entropies and E[Q]
+from the logits or the heads' `[v | A]`, forward and backward kernels under a custom_vjp
+(jaxdqn's `kernels.loss_head`).
 The kernels with a `backend` argument take one of {"auto", "pallas", "interpret", "reference"}.
 """
 
