@@ -9,9 +9,7 @@ with the jnp reference's forward and VJP as the baseline (issue 33). Prints a ta
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -19,17 +17,13 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head
+from bench.iteration import median_time
+from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head, padded_width
 
 
-def median_us(fn, *args, repeats=20):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e6
+def median_us(fn, *args):
+    """:func:`bench.iteration.median_time` of 20 calls, in µs."""
+    return median_time(fn, *args, repeats=20) * 1e6
 
 
 def main():
@@ -46,7 +40,7 @@ def main():
     vm, dz = -jnp.ones((g,)), jnp.full((g,), 0.1)
     gce, gh = jnp.ones((g,)), jnp.ones((g, 3))
     rows = []
-    for dueling, width in ((False, n), (True, n), (True, max(16, 1 << (n - 1).bit_length()))):
+    for dueling, width in ((False, n), (True, n), (True, padded_width(n))):
         x = jax.random.normal(k[0], (g, 4 if dueling else 3, width))
 
         def ref_fwd_bwd(x, du=dueling):

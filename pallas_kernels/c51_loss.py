@@ -41,6 +41,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
+from pallas_kernels.heads import _pad_atoms
 
 __all__ = [
     "DEFAULT_LOSS_GROUPS",
@@ -48,6 +49,7 @@ __all__ = [
     "c51_loss_head_reference",
     "dueling_reference",
     "loss_head_available",
+    "padded_width",
 ]
 
 #: groups (sample × branch) a program: 3 actions × [64, 64] float32 tiles, 4 warps
@@ -55,8 +57,10 @@ DEFAULT_LOSS_GROUPS = 64
 DEFAULT_LOSS_WARPS = 4
 
 
-def _pad(n: int) -> int:
-    return max(16, 1 << (n - 1).bit_length())
+def padded_width(n: int) -> int:
+    """The lanes a row of ``n`` atoms takes in the kernels' tiles (N rounded up to a power of two
+    ≥ 16, the rule of every kernel here): the width of ``dueling_padded``'s whole segments."""
+    return _pad_atoms(n)
 
 
 def c51_loss_head_reference(logits, actions, target, v_min, delta_z):
@@ -78,9 +82,9 @@ def _segment_mask(row_ok, n, w):
     """``(lanes [NP], lane_ok [1, NP], mask [bg, NP])`` of rows whose segments are ``w`` wide
     (``w = N``: packed, the lanes past N masked; ``w = NP``: padded, every lane in bounds and
     read or written whole — aligned, unmasked along the lanes)."""
-    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    lanes = jnp.arange(padded_width(n), dtype=jnp.int32)
     lane_ok = (lanes < n)[None, :]
-    mask = row_ok[:, None] & (lane_ok if w != _pad(n) else (lanes >= 0)[None, :])
+    mask = row_ok[:, None] & (lane_ok if w != padded_width(n) else (lanes >= 0)[None, :])
     return lanes, lane_ok, mask
 
 
@@ -112,7 +116,7 @@ def _log_softmax(x, lane_ok):
 
 
 def _targets(m_ref, rows, row_ok, n):
-    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    lanes = jnp.arange(padded_width(n), dtype=jnp.int32)
     mask = row_ok[:, None] & (lanes < n)[None, :]
     return pl_triton.load(m_ref.at[rows[:, None], lanes[None, :]], mask=mask, other=0.0)
 
@@ -126,7 +130,7 @@ def _forward_kernel(
     taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
-    idx = jnp.arange(_pad(n), dtype=jnp.int32).astype(jnp.float32)[None, :]
+    idx = jnp.arange(padded_width(n), dtype=jnp.int32).astype(jnp.float32)[None, :]
     xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     ce = jnp.zeros((bg,), jnp.float32)
     for j, x in enumerate(xs):
@@ -140,7 +144,7 @@ def _forward_kernel(
 def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, w, a, dueling):
     rows = pl.program_id(0) * bg + jnp.arange(bg, dtype=jnp.int32)
     row_ok = rows < x_ref.shape[0]
-    lanes = jnp.arange(_pad(n), dtype=jnp.int32)
+    lanes = jnp.arange(padded_width(n), dtype=jnp.int32)
     m = _targets(m_ref, rows, row_ok, n)
     mass = jnp.sum(m, axis=1, keepdims=True)
     taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
@@ -173,13 +177,13 @@ def _check(x, actions, target, v_min, delta_z, dueling):
     if (
         actions.shape != (g,)
         or target.shape != (g, n)
-        or w not in (n, _pad(n))
+        or w not in (n, padded_width(n))
         or v_min.shape != (g,)
         or delta_z.shape != (g,)
         or k < (2 if dueling else 1)
     ):
         raise ValueError(
-            f"c51_loss_head: {what} (W = N or {_pad(n)}), actions [G], target [G, N], "
+            f"c51_loss_head: {what} (W = N or {padded_width(n)}), actions [G], target [G, N], "
             f"v_min [G], delta_z [G] disagree: {x.shape}, {actions.shape}, {target.shape}, "
             f"{v_min.shape}, {delta_z.shape}"
         )

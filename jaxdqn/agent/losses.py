@@ -21,7 +21,7 @@ from jaxdqn.config import LossConfig, ModelConfig
 from jaxdqn.model.network import Model
 from jaxdqn.model.xlstm import XLSTMState
 from jaxdqn.shards import ONE_DEVICE, Shards
-from pallas_kernels.c51_loss import c51_loss_head
+from pallas_kernels.c51_loss import c51_loss_head, padded_width
 
 
 def c51_cross_entropy(
@@ -317,7 +317,7 @@ def raw_head_width(backend: str, num_atoms: int) -> int:
     kernels, N for ``dueling``, N rounded up to a power of two ≥ 16 for ``dueling_padded``."""
     if backend not in DUELING_HEADS:
         return 0
-    return max(16, 1 << (num_atoms - 1).bit_length()) if "padded" in backend else num_atoms
+    return padded_width(num_atoms) if "padded" in backend else num_atoms
 
 
 def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
