@@ -14,7 +14,7 @@ is a matrix product in jaxdqn. The products, read from the code:
   the first layer (the observation), M5's conditioning rows (``stop_gradient``) or M9's
   query/key/value (they read the ``stop_gradient`` E[Q]). So online forward + backward ≈ 3×
   the forward, less the dx of those layers.
-- **target forward** (:func:`jaxdqn.agent.learner.target_outputs`): the same network, no
+- **target forward** (:func:`jaxdqn.agent.learner.target_network`): the same network, no
   backward, on ``s′`` (B rows), and on ``[s′; s]`` (2B rows; one pass when ``kernels.fused``,
   else two) when the loss needs the target's E[Q] at s (L6 with M11: ``needs_target_q_s``).
 - **M8–M11 coordination** (:mod:`jaxdqn.model.coordination`, only with ``loss.aux_training``)

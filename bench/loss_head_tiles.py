@@ -21,9 +21,9 @@ from bench.iteration import median_time
 from pallas_kernels.c51_loss import _backward_call, _forward_call, c51_loss_head, padded_width
 
 
-def median_us(fn, *args):
-    """:func:`bench.iteration.median_time` of 20 calls, in µs."""
-    return median_time(fn, *args, repeats=20) * 1e6
+def median_us(fn, *args, repeats: int = 20):
+    """:func:`bench.iteration.median_time` of ``repeats`` calls, in µs."""
+    return median_time(fn, *args, repeats=repeats) * 1e6
 
 
 def main():

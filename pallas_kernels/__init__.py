@@ -15,6 +15,9 @@ forward only (jaxdqn's `kernels.statistics=pallas` differentiates through its jn
 L1 + L4 + M7's E[Q] `c51_loss.c51_loss_head`: the learner's cross-entropies, entropies and E[Q]
 from the logits or the heads' `[v | A]`, forward and backward kernels under a custom_vjp
 (jaxdqn's `kernels.loss_head`).
+L2 + M7 + P1 `c51_target.c51_target`: the learner's target from the target network's logits or
+heads — E[Q′], the drawn a′, the TD target and the projected distribution — in one kernel,
+forward only (jaxdqn's `kernels.target_head`).
 The kernels with a `backend` argument take one of {"auto", "pallas", "interpret", "reference"}.
 """
 

@@ -170,6 +170,16 @@ def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, w
             store(1 + j, dx - total * (1.0 / a))
 
 
+def check_options(name: str, backend: str, groups: int, *, least: int) -> None:
+    """Refuse a ``backend`` other than pallas, interpret, reference and a ``groups`` that is not
+    a power of two ≥ ``least`` (one ValueError naming the kernel ``name``)."""
+    if backend not in ("pallas", "interpret", "reference"):
+        raise ValueError(f"{name}: backend must be pallas, interpret or reference, "
+                         f"got {backend!r}")  # fmt: skip
+    if groups & (groups - 1) or groups < least:
+        raise ValueError(f"{name}: groups must be a power of two >= {least}, got {groups}")
+
+
 def _check(x, actions, target, v_min, delta_z, dueling):
     g, k, w = x.shape
     n = target.shape[-1]
@@ -281,11 +291,7 @@ def c51_loss_head(
     two ≥ 16) with the atoms in the first N lanes, so each segment is a whole, aligned tile
     (the lanes past N are ignored forward and get a zero cotangent)."""
     _, a, n = _check(x, actions, target, v_min, delta_z, dueling)
-    if backend not in ("pallas", "interpret", "reference"):
-        raise ValueError(f"c51_loss_head: backend must be pallas, interpret or reference, "
-                         f"got {backend!r}")  # fmt: skip
-    if groups & (groups - 1) or groups < 16:
-        raise ValueError(f"c51_loss_head: groups must be a power of two >= 16, got {groups}")
+    check_options("c51_loss_head", backend, groups, least=16)
     f32 = jnp.float32
     x, target, v_min, delta_z = (
         x.astype(f32),

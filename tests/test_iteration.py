@@ -152,6 +152,24 @@ def test_l2_one_target_pass_over_next_and_current_obs_equals_two(smoke, one_upda
 
 
 @pytest.mark.slow
+def test_l2_p1_target_kernel_update_equals_the_reference_target_pass(smoke, one_update):
+    """``kernels.target_head=interpret`` (the target built by one kernel from the target heads'
+    ``[v | A]``, with ``kernels.loss_head=dueling_interpret`` making the model give them)
+    against the fused reference update from the same state: the same a′ draws (one key), the
+    same targets, losses and parameters to float rounding; the program holds the kernel."""
+    overrides = (*POLYAK, "kernels.fused=fused", "kernels.loss_head=dueling_interpret")
+    _, agent = _agent_with(smoke, *overrides, "kernels.target_head=interpret")
+    assert agent.learner.spec.target_head == "interpret"
+    state, _, (new_f, m_f) = one_update
+    assert "c51_target" in str(jax.make_jaxpr(agent.learner.update)(state))
+    new_k, m_k = jax.jit(agent.learner.update)(state)
+    for key in ("loss", "loss_c51", "loss_denoise", "td_target_mean", "end_atom_mass"):
+        np.testing.assert_allclose(m_k[key], m_f[key], rtol=1e-4, atol=1e-9, err_msg=key)
+    for a, b in zip(jax.tree.leaves(new_k.params), jax.tree.leaves(new_f.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_l2_hard_target_copies_every_c_updates(smoke):
     cfg, agent = _agent_with(smoke, "loss.target_update=hard")
     state = _one(smoke["state"])

@@ -202,6 +202,7 @@ def test_m6_m3_p1_resolve_kernels_names_what_resolve_runs_on_this_backend(monkey
         "acting_activations": "f32",
         "learner_activations": "f32",
         "loss_head": "reference",
+        "target_head": "reference",
         "projection": "reference",
     }
     monkeypatch.setattr("jax.default_backend", lambda: "gpu")

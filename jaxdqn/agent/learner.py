@@ -50,7 +50,7 @@ __all__ = [
     "sample",
     "step",
     "step_metrics",
-    "target_outputs",
+    "target_network",
     "update",
     "update_target",
 ]
@@ -81,7 +81,7 @@ def rank_normalised(batch: Batch, reward_std: chex.Array, shards: Shards) -> Bat
     return batch._replace(reward=shards.rows(ranked, batch.obs.shape[0]))
 
 
-def target_outputs(
+def target_network(
     model: Model,
     target_params: chex.ArrayTree,
     batch: Batch,
@@ -90,23 +90,23 @@ def target_outputs(
     *,
     two_passes: bool,
     fused: bool,
-) -> tuple[chex.Array, chex.Array, chex.Array]:
-    """The target network's ``(probs, E[Q])`` at s′ (``[B, 4, 3, N]``, ``[B, 4, 3]``) and its
-    E[Q] at s (``[B, 4, 3]``) when the loss needs it (``two_passes``; zeros otherwise).
-    ``fused``: one pass over [s′; s]: the network is row-wise (no batch statistics before M8),
-    so each half equals its own pass."""
+) -> tuple[Any, chex.Array]:
+    """The target network's output at s′ (a :class:`~jaxdqn.model.network.NetworkOutput` of
+    ``B`` rows) and its E[Q] at s (``[B, 4, 3]``) when the loss needs it (``two_passes``; zeros
+    otherwise). ``fused``: one pass over [s′; s]: the network is row-wise (no batch statistics
+    before M8), so each half equals its own pass."""
     b = batch.obs.shape[0]
     if two_passes and fused:
         both = model.apply(
             target_params, jnp.concatenate([batch.next_obs, batch.obs]), v_min, delta_z
         )
-        return both.probs[:b], both.q_mean[:b], both.q_mean[b:]
+        return jax.tree.map(lambda x: x[:b], both), both.q_mean[b:]
     next_out = model.apply(target_params, batch.next_obs, v_min, delta_z)
     if two_passes:
         q_target_s = model.apply(target_params, batch.obs, v_min, delta_z).q_mean
     else:
         q_target_s = jnp.zeros((b, NUM_BRANCHES, NUM_ACTIONS), jnp.float32)
-    return next_out.probs, next_out.q_mean, q_target_s
+    return next_out, q_target_s
 
 
 def update_target(
@@ -174,6 +174,7 @@ class LearnerSpec(NamedTuple):
     target_period: int  # updates between hard copies
     sampled_target: bool  # L2 a′ sampled (else argmax)
     projection: Any  # P1 backend (:class:`jaxdqn.agent.resolve.Projection`)
+    target_head: str  # kernels.target_head resolved: reference, or the kernel's backend
     fused: bool  # one target-network pass over [s′; s]
     shards: Shards  # the devices one agent's batch is split over
 
@@ -247,14 +248,15 @@ def prepare(
     spec: LearnerSpec,
     hypers: LearnerHypers,
 ) -> Prepared:
-    """L5 → the target network (:func:`target_outputs`) → L2 + P1
-    (:func:`~jaxdqn.agent.targets.target_distribution`), with ``state``'s target parameters,
+    """L5 → the target network (:func:`target_network`) → L2 + P1
+    (:func:`~jaxdqn.agent.targets.target_distribution`, or with ``kernels.target_head`` one
+    kernel, :func:`~jaxdqn.agent.targets.target_from_network`), with ``state``'s target parameters,
     support and reward-std EMA."""
     dyn = state.dynamics
     v_min, delta_z = pieces.dynamics.grid(dyn)
     if spec.rank_rewards:
         batch = rank_normalised(batch, dyn.reward_std_ema, spec.shards)
-    next_probs, next_q, q_target_s = target_outputs(
+    next_out, q_target_s = target_network(
         pieces.model,
         state.target_params,
         batch,
@@ -263,19 +265,28 @@ def prepare(
         two_passes=pieces.loss.needs_target_q_s,
         fused=spec.fused,
     )
-    target = targets.target_distribution(
-        key,
-        next_probs,
-        next_q,
-        batch.reward,
-        batch.discount,
-        v_min,
-        delta_z,
-        projection=spec.projection,
-        temperature_floor=hypers.temperature_floor,
-        sampled=spec.sampled_target,
-        shards=spec.shards,
-    )
+    common = {
+        "temperature_floor": hypers.temperature_floor,
+        "sampled": spec.sampled_target,
+        "shards": spec.shards,
+    }
+    if spec.target_head == "reference":
+        target = targets.target_distribution(
+            key,
+            next_out.probs,
+            next_out.q_mean,
+            batch.reward,
+            batch.discount,
+            v_min,
+            delta_z,
+            projection=spec.projection,
+            **common,
+        )
+    else:
+        target = targets.target_from_network(
+            key, next_out, batch.reward, batch.discount, v_min, delta_z,
+            backend=spec.target_head, **common,
+        )  # fmt: skip
     return Prepared(batch=batch, target=target, q_target_s=q_target_s, v_min=v_min, delta_z=delta_z)
 
 
@@ -456,6 +467,7 @@ def make_learner(
         target_period=loss_cfg.target_period,
         sampled_target=loss_cfg.sampled_target,
         projection=resolved.projection,
+        target_head=resolved.target_head,
         fused=resolved.fused,
         shards=shards,
     )

@@ -13,6 +13,7 @@ Every rule that turns a setting into what the agent runs lives here, one functio
 * :func:`head_kernels`: ``kernels.heads`` (nothing to pick without the fused branches);
 * :func:`statistics_kernels`: ``kernels.statistics``;
 * :func:`loss_head_kernels`: ``kernels.loss_head``;
+* :func:`target_head_kernels`: ``kernels.target_head``;
 * :func:`triton_kernels`: whether ``auto`` may pick a Triton kernel (a GPU, the fused branches);
 * :func:`gated_kernels`: ``kernels.gated`` (nothing to pick without the fused branches);
 * :func:`acting_kernels`: ``kernels.acting`` (likewise);
@@ -53,6 +54,7 @@ __all__ = [
     "resolve",
     "resolve_kernels",
     "reward_units",
+    "target_head_kernels",
     "triton_kernels",
 ]
 
@@ -84,6 +86,7 @@ class Resolved(NamedTuple):
       acting_activations: :func:`acting_activations`.
       learner_activations: ``kernels.learner_activations`` (no rule: it applies everywhere).
       loss_head: :func:`loss_head_kernels`.
+      target_head: :func:`target_head_kernels`.
       projection: :class:`Projection`.
     """
 
@@ -105,6 +108,7 @@ class Resolved(NamedTuple):
     acting_activations: str
     learner_activations: str
     loss_head: str
+    target_head: str
     projection: Projection
 
 
@@ -304,6 +308,12 @@ def loss_head_kernels(setting: str) -> str:
     return "reference" if setting == "auto" else setting
 
 
+def target_head_kernels(setting: str) -> str:
+    """``kernels.target_head`` resolved: ``auto`` = ``reference`` (the jnp passes and P1 as
+    ``kernels.projection`` says; the kernel is a switch to measure against them)."""
+    return "reference" if setting == "auto" else setting
+
+
 def projection_backend(setting: str, deterministic: bool) -> str:
     """``kernels.projection`` resolved: ``auto`` = ``pallas`` (a Triton pull kernel, the hat
     kernel at ≤ 64 padded atoms: one writer per output; the jnp ``dense`` pull where it cannot
@@ -355,6 +365,7 @@ def resolve_kernels(cfg: Config) -> dict[str, str]:
         "acting_activations": acting_activations(k.acting_activations, k.acting_product),
         "learner_activations": k.learner_activations,
         "loss_head": loss_head_kernels(k.loss_head),
+        "target_head": target_head_kernels(k.target_head),
         "projection": projection_backend(k.projection, cfg.train.deterministic),
     }
 

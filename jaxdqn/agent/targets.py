@@ -5,7 +5,7 @@ Shapes: ``B`` batch, 4 branches, 3 actions, ``N`` atoms.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pallas_kernels
 from jaxdqn.agent.resolve import Projection
 from jaxdqn.shards import ONE_DEVICE, Shards
+from pallas_kernels.c51_target import c51_target
 
 TEMPERATURE_REL_FLOOR = 0.01
 AUTO_PROJECTION = Projection("auto", "reference")
@@ -122,6 +123,64 @@ def target_distribution(
         jax.lax.stop_gradient(projected),
         jax.lax.stop_gradient(td),
         a_next,
+        jax.lax.stop_gradient(end_mass),
+    )
+
+
+TARGET_HEADS = ("pallas", "interpret")
+"""The resolved ``kernels.target_head`` settings that run :func:`target_from_network`."""
+
+
+def target_from_network(
+    key: chex.PRNGKey,
+    out: Any,
+    reward: chex.Array,
+    discount: chex.Array,
+    v_min: chex.Array,
+    delta_z: chex.Array,
+    *,
+    backend: str,
+    temperature_floor: Any = 1e-6,
+    sampled: bool = True,
+    shards: Shards = ONE_DEVICE,
+) -> Target:
+    """L2 + P1 as :func:`target_distribution`, from the target network's output ``out`` at s′
+    (its logits ``[B, 4, 3, N]``, or its heads ``[B, 4, 4, W]`` where the model gives them) by
+    one kernel (:func:`pallas_kernels.c51_target.c51_target`; ``backend`` ``pallas`` or
+    ``interpret``): M6, M7's E[Q′], the draw of a′, the TD target and P1 per (sample, branch),
+    nothing of ``[B, 4, 3, N]`` written. a′ = argmax(E[Q′]/τ + ε) with ε the Gumbel noise
+    ``jax.random.categorical`` draws from ``key`` for the global batch's ``[B·D, 4, 3]``
+    (this device's rows kept), so the draws are :func:`target_distribution`'s up to the
+    rounding of E[Q′]; ``sampled`` off: ε = 0, the greedy a′."""
+    if backend not in TARGET_HEADS:
+        raise ValueError(f"kernels.target_head: {backend!r} is not one of {TARGET_HEADS}")
+    b, nb, na, n = out.logits.shape
+    dueling = out.heads is not None
+    x = out.heads if dueling else out.logits
+    if sampled:
+        shape = (b * shards.count, nb, na)
+        noise = shards.rows(jax.random.gumbel(key, shape, jnp.float32), b)
+    else:
+        noise = jnp.zeros((b, nb, na), jnp.float32)
+    per_row = lambda v: jnp.repeat(jnp.broadcast_to(jnp.asarray(v, jnp.float32), (b,)), nb)
+    projected, td, a_next, _ = c51_target(
+        x.reshape(b * nb, x.shape[2], x.shape[3]),
+        noise.reshape(b * nb, na),
+        per_row(reward),
+        per_row(discount),
+        per_row(v_min),
+        per_row(delta_z),
+        temperature_floor,
+        num_atoms=n,
+        dueling=dueling,
+        backend=backend,
+    )
+    projected = projected.reshape(b, nb, n)
+    end_mass = shards.mean(jnp.mean(projected[..., 0] + projected[..., -1]))
+    return Target(
+        jax.lax.stop_gradient(projected),
+        jax.lax.stop_gradient(td.reshape(b, nb)),
+        a_next.reshape(b, nb),
         jax.lax.stop_gradient(end_mass),
     )
 

@@ -409,3 +409,17 @@ class KernelsConfig:
             "dueling_padded_interpret",
         ),
     )
+    target_head: str = _f(
+        "auto",
+        "how the learner computes its target from the target network's pass at s': reference "
+        "= jnp and P1 as kernels.projection says: M6's combination, M7's softmax and E[Q'], "
+        "L2's draw of a', the pick of a''s probabilities and P1's projection, each a pass of "
+        "its own; pallas = one Triton kernel (pallas_kernels/c51_target.py) that reads each "
+        "sample's target logits, or the heads' value and advantage outputs where "
+        "kernels.loss_head makes the model give them, once and writes the projected target, "
+        "the TD target and a' (P1 as a pull: deterministic); interpret = that kernel under the "
+        "Pallas interpreter (CPU tests). The same draws from the same key (a' = argmax of "
+        "E[Q']/tau plus the Gumbel noise jax.random.categorical adds), equal to float "
+        "rounding. auto = reference",
+        choices=("auto", "reference", "pallas", "interpret"),
+    )
