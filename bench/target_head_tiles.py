@@ -1,5 +1,6 @@
 """The learner's target kernel (pallas_kernels/c51_target.py, ``kernels.target_head``) at the
-learner's size, alone: medians of 50 calls for each (groups a program, warps), from logits,
+learner's size, alone (a call's share of 50 chained in one program,
+:func:`bench.loss_head_tiles.chained_us`) for each (groups a program, warps), from logits,
 heads and padded heads, with the jnp path as the baseline (M6, M7's softmax and E[Q′], the
 draw, the pick and P1's scatter-add reference, XLA-fused; issue 33). Prints a table last.
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loss_head_tiles import median_us
+from bench.loss_head_tiles import chained_us
 from pallas_kernels.c51_loss import padded_width
 from pallas_kernels.c51_target import _target_call, c51_target
 
@@ -41,16 +42,16 @@ def main():
     for dueling, width in ((False, n), (True, n), (True, padded_width(n))):
         x = jax.random.normal(k[0], (g, 4 if dueling else 3, width))
         mode = "padded" if width > n else "dueling" if dueling else "logits"
-        ref = jax.jit(lambda x, du=dueling: c51_target(
-            x, noise, r, d, vm, dz, floor, num_atoms=n, dueling=du, backend="reference"
-        ))  # fmt: skip
-        rows.append((mode, "jnp reference", "-", median_us(ref, x, repeats=50)))
+        ref = lambda x, v, du=dueling: c51_target(
+            x, noise, r, d, v, dz, floor, num_atoms=n, dueling=du, backend="reference"
+        )  # fmt: skip
+        rows.append((mode, "jnp reference", "-", chained_us(ref, x, vm)))
         for bg in [int(v) for v in args.groups.split(",")]:
             for warps in [int(v) for v in args.warps.split(",")]:
-                fn = jax.jit(lambda x, bg=bg, w=warps, du=dueling: _target_call(
-                    x, noise, r, d, vm, dz, floor, n, du, interpret, bg, w))  # fmt: skip
+                fn = lambda x, v, bg=bg, w=warps, du=dueling: _target_call(
+                    x, noise, r, d, v, dz, floor, n, du, interpret, bg, w)  # fmt: skip
                 try:
-                    rows.append((mode, f"groups {bg}", warps, median_us(fn, x, repeats=50)))
+                    rows.append((mode, f"groups {bg}", warps, chained_us(fn, x, vm)))
                 except Exception as err:  # a tiling Triton cannot build: say so, go on
                     print(f"{mode} bg={bg} warps={warps}: {type(err).__name__}")
             if args.tiny:

@@ -395,9 +395,11 @@ class KernelsConfig:
         "forward or backward; needs the fused branches with kernels.heads blockdiag or split, "
         "else as pallas); dueling_padded | dueling_padded_interpret = dueling on heads each "
         "padded to 64 columns by zero weights (whole, aligned rows for the kernels; the heads' "
-        "product 25 % wider at 51 atoms). Equal to float rounding. H100, all off: dueling 625 "
-        "vs 650 us an update, pallas 730; all on 1,207 and 1,255 vs 1,203 (bench/RESULTS.md; "
-        "dueling_padded not yet measured). auto = reference",
+        "product 25 % wider at 51 atoms). Equal to float rounding on the CPU. H100, all off: "
+        "dueling_padded 507 vs 577 us an update, dueling 557 (pallas 730 vs 650 in another "
+        "run); all on dueling_padded 1,062 vs 1,098. Not a default: with kernels.target_head="
+        "pallas its GPU learning check gave 89.2 and 87.4 % of the oracle against the "
+        "reference's 95.1 and 96.4 (bench/RESULTS.md, cause open). auto = reference",
         choices=(
             "auto",
             "reference",
@@ -420,6 +422,9 @@ class KernelsConfig:
         "the TD target and a' (P1 as a pull: deterministic); interpret = that kernel under the "
         "Pallas interpreter (CPU tests). The same draws from the same key (a' = argmax of "
         "E[Q']/tau plus the Gumbel noise jax.random.categorical adds), equal to float "
-        "rounding. auto = reference",
+        "rounding on the CPU. H100: all off 535 vs 577 us an update, all on 1,029 vs 1,098. "
+        "Not a default: with kernels.loss_head=dueling_padded its GPU learning check gave 89.2 "
+        "and 87.4 % of the oracle against the reference's 95.1 and 96.4 (bench/RESULTS.md, "
+        "cause open). auto = reference",
         choices=("auto", "reference", "pallas", "interpret"),
     )
