@@ -47,9 +47,12 @@ __all__ = [
     "DEFAULT_LOSS_GROUPS",
     "c51_loss_head",
     "c51_loss_head_reference",
+    "check_options",
     "dueling_reference",
+    "logit_tiles",
     "loss_head_available",
     "padded_width",
+    "tile_log_softmax",
 ]
 
 #: groups (sample × branch) a program: 3 actions × [64, 64] float32 tiles, 4 warps
@@ -88,7 +91,7 @@ def _segment_mask(row_ok, n, w):
     return lanes, lane_ok, mask
 
 
-def _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling):
+def logit_tiles(x_ref, rows, row_ok, n, w, a, dueling):
     """The ``a`` actions' logits tiles ``[bg, NP]`` of ``bg`` groups (float32, −inf off the
     lanes) and ``lane_ok [1, NP]``: read from ``[G, A·w]`` logits, or with ``dueling`` from
     ``[G, (1+A)·w]`` heads ``[v | A_0 | …]`` as ``v + A_j − mean_i A_i`` (M6's combination);
@@ -107,7 +110,7 @@ def _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling):
     return [jnp.where(lane_ok, x, -jnp.inf) for x in xs], lane_ok, mask
 
 
-def _log_softmax(x, lane_ok):
+def tile_log_softmax(x, lane_ok):
     """``(p, log p)`` of a tile's rows, ``log p`` 0 off the lanes (so ``p · log p`` is 0 there)."""
     top = jnp.max(x, axis=1, keepdims=True)
     e = jnp.where(lane_ok, jnp.exp(x - top), 0.0)
@@ -131,10 +134,10 @@ def _forward_kernel(
     v_min = pl_triton.load(vmin_ref.at[rows], mask=row_ok, other=0.0)
     dz = pl_triton.load(dz_ref.at[rows], mask=row_ok, other=0.0)
     idx = jnp.arange(padded_width(n), dtype=jnp.int32).astype(jnp.float32)[None, :]
-    xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
+    xs, lane_ok, _ = logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     ce = jnp.zeros((bg,), jnp.float32)
     for j, x in enumerate(xs):
-        p, log_p = _log_softmax(x, lane_ok)
+        p, log_p = tile_log_softmax(x, lane_ok)
         ce = ce + jnp.where(taken == j, -jnp.sum(m * log_p, axis=1), 0.0)
         pl_triton.store(h_ref.at[rows, j], -jnp.sum(p * log_p, axis=1), mask=row_ok)
         pl_triton.store(q_ref.at[rows, j], v_min + dz * jnp.sum(p * idx, axis=1), mask=row_ok)
@@ -149,13 +152,13 @@ def _backward_kernel(x_ref, m_ref, act_ref, gce_ref, gh_ref, dx_ref, *, bg, n, w
     mass = jnp.sum(m, axis=1, keepdims=True)
     taken = pl_triton.load(act_ref.at[rows], mask=row_ok, other=-1)
     g_ce = pl_triton.load(gce_ref.at[rows], mask=row_ok, other=0.0)[:, None]
-    xs, lane_ok, mask = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
+    xs, lane_ok, mask = logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     store = lambda k, d: pl_triton.store(
         dx_ref.at[rows[:, None], k * w + lanes[None, :]], d, mask=mask
     )
     dxs = []
     for j, x in enumerate(xs):
-        p, log_p = _log_softmax(x, lane_ok)
+        p, log_p = tile_log_softmax(x, lane_ok)
         h = -jnp.sum(p * log_p, axis=1, keepdims=True)
         g_h = pl_triton.load(gh_ref.at[rows, j], mask=row_ok, other=0.0)[:, None]
         dx = jnp.where((taken == j)[:, None], g_ce * (p * mass - m), 0.0) - g_h * p * (log_p + h)

@@ -47,11 +47,11 @@ from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels import _backend
 from pallas_kernels.c51_loss import (
-    _log_softmax,
-    _logit_tiles,
     check_options,
     dueling_reference,
+    logit_tiles,
     padded_width,
+    tile_log_softmax,
 )
 from pallas_kernels.projection import c51_project_reference
 
@@ -102,10 +102,10 @@ def _target_kernel(
     v_min, dz, r, gamma = load(vmin_ref), load(dz_ref, 1.0), load(r_ref), load(d_ref)
     lanes = jnp.arange(padded_width(n), dtype=jnp.int32)
     idx = lanes.astype(jnp.float32)[None, :]
-    xs, lane_ok, _ = _logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
+    xs, lane_ok, _ = logit_tiles(x_ref, rows, row_ok, n, w, a, dueling)
     ps, qs = [], []
     for j, x in enumerate(xs):
-        p, _ = _log_softmax(x, lane_ok)
+        p, _ = tile_log_softmax(x, lane_ok)
         q = v_min + dz * jnp.sum(p * idx, axis=1)
         pl_triton.store(q_ref.at[rows, j], q, mask=row_ok)
         ps.append(p)
