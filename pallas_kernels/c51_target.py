@@ -67,7 +67,7 @@ __all__ = [
 #: groups a program and warps: P1's hat tile is bg × 64 × 64 floats (the hat kernel's 2 × 2)
 DEFAULT_TARGET_GROUPS = 2
 DEFAULT_TARGET_WARPS = 2
-#: L2's relative temperature floor (jaxdqn.agent.targets.TEMPERATURE_REL_FLOOR)
+#: L2's relative temperature floor: τ ≥ |mean E[Q′]| × this (jaxdqn's L2 reads it from here)
 TEMPERATURE_REL_FLOOR = 0.01
 
 

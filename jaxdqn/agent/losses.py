@@ -16,7 +16,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from jaxdqn.agent.targets import Target
+from jaxdqn.agent.targets import Target, per_group
 from jaxdqn.config import LossConfig, ModelConfig
 from jaxdqn.model.network import Model
 from jaxdqn.model.xlstm import XLSTMState
@@ -346,15 +346,14 @@ def loss_head(out: Any, inputs: LossInputs, backend: str) -> tuple[Any, ...]:
         utilisation = atom_utilisation(jax.lax.stop_gradient(out.probs))
         return ce, entropy(out.logits), out, utilisation
     b, branches, actions, n = out.logits.shape
-    per_row = lambda x: jnp.repeat(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (b,)), branches)
     dueling = backend in DUELING_HEADS and out.heads is not None
     x = out.heads if dueling else out.logits
     ce, h, q = c51_loss_head(
         x.reshape(b * branches, x.shape[2], x.shape[3]),
         inputs.actions.reshape(-1),
         inputs.target.probs.reshape(b * branches, n),
-        per_row(inputs.v_min),
-        per_row(inputs.delta_z),
+        per_group(inputs.v_min, b, branches),
+        per_group(inputs.delta_z, b, branches),
         dueling=dueling,
         backend="interpret" if backend.endswith("interpret") else "pallas",
     )

@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import pallas_kernels
 from jaxdqn.agent.resolve import Projection
 from jaxdqn.shards import ONE_DEVICE, Shards
-from pallas_kernels.c51_target import c51_target
+from pallas_kernels.c51_target import TEMPERATURE_REL_FLOOR, c51_target
 
-TEMPERATURE_REL_FLOOR = 0.01
 AUTO_PROJECTION = Projection("auto", "reference")
 """P1 as ``kernels.projection: auto`` runs without ``train.deterministic``."""
 
@@ -127,6 +126,12 @@ def target_distribution(
     )
 
 
+def per_group(x: Any, rows: int, branches: int) -> chex.Array:
+    """A scalar or per-sample ``[rows]`` value as float32 ``[rows · branches]``, one entry per
+    (sample, branch) group in row-major order (the kernels' groups)."""
+    return jnp.repeat(jnp.broadcast_to(jnp.asarray(x, jnp.float32), (rows,)), branches)
+
+
 TARGET_HEADS = ("pallas", "interpret")
 """The resolved ``kernels.target_head`` settings that run :func:`target_from_network`."""
 
@@ -162,14 +167,13 @@ def target_from_network(
         noise = shards.rows(jax.random.gumbel(key, shape, jnp.float32), b)
     else:
         noise = jnp.zeros((b, nb, na), jnp.float32)
-    per_row = lambda v: jnp.repeat(jnp.broadcast_to(jnp.asarray(v, jnp.float32), (b,)), nb)
     projected, td, a_next, _ = c51_target(
         x.reshape(b * nb, x.shape[2], x.shape[3]),
         noise.reshape(b * nb, na),
-        per_row(reward),
-        per_row(discount),
-        per_row(v_min),
-        per_row(delta_z),
+        per_group(reward, b, nb),
+        per_group(discount, b, nb),
+        per_group(v_min, b, nb),
+        per_group(delta_z, b, nb),
         temperature_floor,
         num_atoms=n,
         dueling=dueling,
