@@ -1,7 +1,9 @@
 """Do the learner's kernel switches compute the reference's update on this machine? From one
-state, one training iteration (acting, then ``optim.updates`` learner updates, every seed) with
-the reference program and with each variant; prints how far each variant's metrics and
-parameters are from the reference's (issue 33: the learning check of ``kernels.loss_head`` and
+state, one training iteration (acting, then ``optim.updates`` learner updates, every seed of a
+vmapped population: ``bench/learning.py B``'s 5 by default, so the kernels run batched as in the
+learning runs, and under the XLA flags ``python -m jaxdqn.train`` sets) with the reference
+program and with each variant; prints how far each variant's metrics and parameters are from
+the reference's (issue 33: the learning check of ``kernels.loss_head`` and
 ``kernels.target_head``, 2026-12-07, fell below the reference's on a GPU while the CPU tests,
 interpreted, agree to float rounding — this compares the compiled kernels at the programs'
 sizes).
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from jaxdqn import config  # noqa: E402
 from jaxdqn.agent.build import build_agent  # noqa: E402
 from jaxdqn.market import market as market_setup  # noqa: E402
+from jaxdqn.program.launch import runtime  # noqa: E402
 from jaxdqn.program.run.placement import place  # noqa: E402
 
 METRICS = ("loss", "loss_c51", "td_target_mean", "end_atom_mass", "entropy", "atom_utilisation",
@@ -85,14 +88,24 @@ def main():
     ap.add_argument("--config", default=str(ROOT / "configs" / "synthetic_gpu.yaml"))
     ap.add_argument("--tiny", action="store_true", help="smoke.yaml, kernels interpreted (CPU)")
     ap.add_argument("--warm", type=int, default=3, help="reference iterations before the state")
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="the population vmapped in every program (default: bench/learning.py "
+                         "B's 5; --tiny: 2)")  # fmt: skip
     ap.add_argument("--variant", action="append", default=None,
                     help="space-separated overrides of one variant (repeatable)")  # fmt: skip
     ap.add_argument("--set", action="append", default=[], metavar="K=V",
                     help="an override of every program, the reference's too")  # fmt: skip
+    ap.add_argument("--no-xla-flags", action="store_true",
+                    help="without jaxdqn's XLA flags (the GPU's command buffers and their "
+                         "concurrent regions), which python -m jaxdqn.train sets")  # fmt: skip
     args = ap.parse_args()
+    # the process as the learning runs' (python -m jaxdqn.train): jaxdqn's XLA flags, and with
+    # them the iteration's own compiler options; nothing read from or written to a cache
+    runtime.configure(None, cache=False, xla_flags=not args.no_xla_flags)
     variants = list(args.variant or DEFAULT_VARIANTS)
     path = Path(args.config)
-    common = list(args.set)
+    seeds = args.seeds or (2 if args.tiny else 5)
+    common = [f"train.num_seeds={seeds}", *args.set]  # the learning runs vmap their seeds
     if args.tiny:
         path = ROOT / "configs" / "smoke.yaml"
         common = [*TINY, *common]
@@ -110,8 +123,9 @@ def main():
         leaves = zip(jax.tree.leaves(params), jax.tree.leaves(base_params), strict=True)
         rows.append((variant, max(relative(a, b) for a, b in leaves), diffs))
     learning = float(np.min(np.asarray(base["learning"])))
+    flags = "without jaxdqn's XLA flags" if args.no_xla_flags else "jaxdqn's XLA flags"
     print(f"\njax {jax.__version__} on {jax.devices()[0].device_kind}; {path.name} {common}; "
-          f"one iteration after {args.warm} (learning {learning:.0f})")  # fmt: skip
+          f"{flags}; one iteration after {args.warm} (learning {learning:.0f})")  # fmt: skip
     print("relative difference to the reference (max |variant − reference| / max |reference|)")
     print(f"{'variant':<72} {'params':>9} " + " ".join(f"{m[:12]:>12}" for m in METRICS))
     for variant, p, diffs in rows:

@@ -162,6 +162,38 @@ def test_l1_loss_head_kernel_reads_padded_segments_and_ignores_the_padding(dueli
         run(padded[..., :60])
 
 
+@pytest.mark.parametrize(("groups", "warps"), [(64, 4), (16, 8)], ids=["64x4", "16x8"])
+def test_l1_loss_head_kernels_under_vmap_are_each_member_s_own_calls(groups, warps):
+    """The learning runs vmap the learner over a seed population: the batched forward and
+    backward kernels give each member its own call's values and heads' cotangents (padded
+    dueling segments, as ``dueling_padded``), at the default tiling and the learning runs'
+    16 × 8. Members hold different inputs; Δz is shared (not batched)."""
+    members = []
+    for m in range(3):
+        _, actions, target, v_min, dz = _inputs(70, 51, seed=20 + m)
+        heads = jax.random.normal(jax.random.PRNGKey(30 + m), (70, 4, 51))
+        members.append((jnp.pad(heads, ((0, 0), (0, 0), (0, 13))), actions, target, v_min))
+    x, actions, target, v_min = (jnp.stack(parts) for parts in zip(*members, strict=True))
+    w = jax.random.normal(jax.random.PRNGKey(1), (70, 3))
+
+    def objective(y, a, t, lo, step):
+        ce, h, q = c51_loss_head(
+            y, a, t, lo, step, dueling=True, backend=BACKEND, groups=groups, num_warps=warps
+        )
+        return jnp.sum(ce) + jnp.sum(w * h), (ce, h, q)
+
+    both = jax.value_and_grad(objective, has_aux=True)
+    (_, got), grads = jax.jit(jax.vmap(both, in_axes=(0, 0, 0, 0, None)))(
+        x, actions, target, v_min, dz
+    )
+    for m in range(3):
+        (_, own), own_grad = both(x[m], actions[m], target[m], v_min[m], dz)
+        for a, b in zip(got, own, strict=True):
+            np.testing.assert_allclose(a[m], b, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grads[m], own_grad, rtol=1e-6, atol=1e-7)
+    assert float(jnp.max(jnp.abs(got[0][0] - got[0][1]))) > 1e-2  # the members differ
+
+
 def test_l1_loss_head_kernel_takes_no_gradient_to_the_target_and_refuses_bad_shapes():
     logits, actions, target, v_min, dz = _inputs(16, 11, seed=1)
     gt = jax.grad(

@@ -86,6 +86,30 @@ def test_l2_p1_target_kernel_equals_float64_by_hand(groups, width, dueling):
     assert got[2].dtype == jnp.int32 and got[0].shape == (groups, n)
 
 
+@pytest.mark.parametrize(("groups", "warps"), [(2, 2), (1, 1)], ids=["2x2", "1x1"])
+def test_l2_target_kernel_under_vmap_is_each_member_s_own_call(groups, warps):
+    """The learning runs vmap the learner over a seed population: the batched kernel (a grid
+    axis Pallas adds for the members) gives each member what its own call gives, at the
+    default tiling and the learning runs' 1 × 1. Members hold different inputs (a kernel that
+    read one member's rows for all would differ), and v_min, Δz are shared (not batched) as
+    a population's support can be."""
+    members = [_inputs(19, 64, 40 + m, dueling=True) for m in range(3)]
+    stacked = [jnp.stack(parts) for parts in zip(*members, strict=True)]
+    x, noise, reward, discount, v_min, dz = stacked
+    run = lambda x, e, r, d, lo, step: c51_target(
+        x, e, r, d, lo, step, 1e-6, num_atoms=51, dueling=True, backend=BACKEND,
+        groups=groups, num_warps=warps,
+    )  # fmt: skip
+    got = jax.jit(jax.vmap(run, in_axes=(0, 0, 0, 0, None, None)))(
+        x, noise, reward, discount, v_min[0], dz[0]
+    )
+    for m in range(3):
+        own = run(x[m], noise[m], reward[m], discount[m], v_min[0], dz[0])
+        for a, b in zip(got, own, strict=True):
+            np.testing.assert_allclose(a[m], b, rtol=1e-6, atol=1e-7)
+    assert float(jnp.max(jnp.abs(got[0][0] - got[0][1]))) > 1e-2  # the members differ
+
+
 def test_l2_target_kernel_greedy_takes_the_first_maximum_and_terminals_land_on_r():
     """Zero noise: a′ = argmax E[Q′], the first on ties (jnp.argmax); discount 0: all of a′'s
     mass at the projection of r, split between the two support points around it."""
