@@ -50,13 +50,16 @@ INTERPRETED = {"pallas": "interpret", "dueling": "dueling_interpret",
                "dueling_padded": "dueling_padded_interpret"}  # fmt: skip
 
 
-def program(config_path: Path, overrides: list[str]):
-    """``(placed, initial state)`` of ``python -m jaxdqn.train`` for the config and overrides."""
-    cfg = config.load(config_path, overrides)
+def program(cfg):
+    """The placed program of ``python -m jaxdqn.train`` for the loaded config."""
     prepared = market_setup.prepare(cfg)
-    placed = place(cfg, prepared, build_agent(cfg, prepared))
+    return place(cfg, prepared, build_agent(cfg, prepared))
+
+
+def initial_state(placed, cfg):
+    """The population's initial state on the devices, as ``python -m jaxdqn.train`` makes it."""
     keys = jax.random.split(jax.random.PRNGKey(cfg.seed), cfg.train.num_seeds)
-    return placed, placed.put(placed.init(placed.market, keys))
+    return placed.put(placed.init(placed.market, keys))
 
 
 def relative(a, b) -> float:
@@ -104,20 +107,23 @@ def main():
     runtime.configure(None, cache=False, xla_flags=not args.no_xla_flags)
     variants = list(args.variant or DEFAULT_VARIANTS)
     path = Path(args.config)
-    seeds = args.seeds or (2 if args.tiny else 5)
+    seeds = args.seeds if args.seeds is not None else (2 if args.tiny else 5)
     common = [f"train.num_seeds={seeds}", *args.set]  # the learning runs vmap their seeds
     if args.tiny:
         path = ROOT / "configs" / "smoke.yaml"
         common = [*TINY, *common]
         variants = [interpreted(v) for v in variants]
-    ref, state = program(path, common)
+    cfg = config.load(path, common)
+    ref = program(cfg)
+    # one state for every program: the variants start from the reference's snapshot below
+    state = initial_state(ref, cfg)
     for _ in range(args.warm):  # past learning_starts: every iteration below learns
         state, _ = ref.iterate(state, ref.market)
     snapshot = jax.device_get(state)
     base_params, base = one_iteration(ref, snapshot)
     rows = []
     for variant in variants:
-        placed, _ = program(path, [*common, *variant.split()])
+        placed = program(config.load(path, [*common, *variant.split()]))
         params, metrics = one_iteration(placed, snapshot)
         diffs = {m: relative(metrics[m], base[m]) for m in METRICS if m in metrics}
         leaves = zip(jax.tree.leaves(params), jax.tree.leaves(base_params), strict=True)
